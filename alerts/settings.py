@@ -1,0 +1,87 @@
+"""Every threshold and duration of the alert rules, in one place.
+
+The latency SLO thresholds are compared against histogram buckets (`le` labels), so each must be one of the
+bucket boundaries below: a burn-rate rule can only count "requests at or under X seconds" when X is a
+boundary. `AlertSettings.validate()` refuses anything else. The boundaries are copied from tracer/metrics.py,
+which owns them; tests/alerts checks the copy against it once that module exposes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Time to first token, request duration, stage and step durations (seconds).
+LATENCY_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)
+# Inter-token latency and time per output token (seconds).
+ITL_BUCKETS_S: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.5, 0.75, 1.0, 2.5,
+)
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """Thresholds (unit in each name) and `for:` durations (Prometheus duration strings) of every alert."""
+
+    # Service level objectives. TTFT 2 s and a 100 ms inter-token gap are bucket boundaries (see above).
+    ttft_slo_s: float = 2.0
+    itl_slo_s: float = 0.1
+    # Share of requests (TTFT) or of token gaps (ITL) that must meet the threshold; sets the error budget.
+    slo_objective_ratio: float = 0.99
+    # Multiwindow burn rates (Google SRE workbook): 2% of a 30-day budget in 1 h, 5% in 6 h.
+    fast_burn_factor: float = 14.4
+    slow_burn_factor: float = 6.0
+    # The recommendations fire when attainment drops under DistServe's 90%, not at the first budget burn.
+    recommend_attainment_ratio: float = 0.90
+
+    # Interference: mean step time with prefill tokens in the batch over mean pure-decode step time.
+    interference_factor: float = 1.5
+    # Steps per second of EACH kind before the ratio is trusted (0.2/s is 60 steps in 5 minutes).
+    interference_min_steps_per_s: float = 0.2
+    # Share of a colocated pool's step time spent in steps that carry prefill: at or above this the
+    # prefill load would keep a pool of its own busy (split); below it chunking the prefill is cheaper.
+    split_min_prefill_time_share: float = 0.3
+
+    # Mean KV transfer time over mean time to first token (disaggregated mode).
+    kv_transfer_ttft_share: float = 0.3
+
+    # Pool saturation: busy ratio of the saturated pool, requests waiting per worker, busy ratio under
+    # which the other pool counts as having headroom.
+    saturated_busy_ratio: float = 0.85
+    saturated_waiting_per_worker: float = 1.0
+    headroom_busy_ratio: float = 0.6
+
+    # Scrape jobs whose absence means we are blind (prometheus.yml names its jobs splitscope-*).
+    scrape_job_regex: str = "splitscope.*"
+    # Base of every runbook_url; the alert's anchor is appended. Point it at your own copy if you publish one.
+    runbook_base_url: str = "alerts/runbook.md"
+
+    decode_interference_for: str = "10m"
+    recommendation_for: str = "15m"
+    kv_transfer_share_for: str = "10m"
+    pool_saturated_for: str = "10m"
+    slo_burn_for: str = "2m"
+    kv_transfer_failures_for: str = "5m"
+    tracer_dropping_for: str = "10m"
+    telemetry_absent_for: str = "5m"
+
+    def validate(self) -> None:
+        """Raise ValueError with one clear line when a threshold cannot work as a rule."""
+        if self.ttft_slo_s not in LATENCY_BUCKETS_S:
+            raise ValueError(
+                f"ttft_slo_s={self.ttft_slo_s} is not a latency bucket boundary {LATENCY_BUCKETS_S}"
+            )
+        if self.itl_slo_s not in ITL_BUCKETS_S:
+            raise ValueError(f"itl_slo_s={self.itl_slo_s} is not an ITL bucket boundary {ITL_BUCKETS_S}")
+        for name in ("slo_objective_ratio", "recommend_attainment_ratio"):
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:
+                raise ValueError(f"{name}={value} must be strictly between 0 and 1")
+        if self.headroom_busy_ratio >= self.saturated_busy_ratio:
+            raise ValueError("headroom_busy_ratio must be below saturated_busy_ratio")
+
+
+DEFAULT_SETTINGS = AlertSettings()
