@@ -1,0 +1,132 @@
+"""The open-loop scheduler: sends every planned request at its arrival time, never waiting on responses.
+
+`run_load(config)` (async) and `run_load_sync(config)` (blocking, runs its own event loop) are the
+Python API the CLI, the demo and tests use. Arrivals are independent of responses: each request is its
+own task; if `max_inflight` requests are already in flight when one is due, that one is not sent and is
+counted (`skipped_inflight_cap`), so the schedule never slips because the server is slow. How far the
+client itself fell behind (event-loop or CPU saturation) is measured per request as `lag_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from tracer.load.client import INFLIGHT_CAP, OK, CompletionClient, RequestRecord
+from tracer.load.config import LoadConfig
+from tracer.load.prompts import PromptFactory
+from tracer.load.results import LoadResult
+from tracer.load.stats import summarize
+from tracer.load.workload import PlannedRequest, build_schedule
+
+
+@dataclass
+class RunProgress:
+    """Live counters of a run. Written only by the runner's event loop; a display thread may read them
+    at any time (plain numbers: a read between updates is stale by one event, never inconsistent in type).
+    """
+
+    scheduled: int = 0
+    last_arrival_s: float = 0.0
+    started_perf_s: float | None = None  # time.perf_counter() at the run's time zero
+    sent: int = 0
+    finished: int = 0
+    ok: int = 0
+    errors: int = 0
+    skipped: int = 0
+    max_lag_s: float = 0.0
+    recent_ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    done: bool = False
+
+    @property
+    def elapsed_s(self) -> float:
+        return 0.0 if self.started_perf_s is None else time.perf_counter() - self.started_perf_s
+
+    @property
+    def inflight(self) -> int:
+        return self.sent - self.finished
+
+    def on_finished(self, record: RequestRecord) -> None:
+        self.finished += 1
+        if record.status == OK:
+            self.ok += 1
+            if record.ttft_s is not None:
+                self.recent_ttft_s.append(record.ttft_s)
+        else:
+            self.errors += 1
+        if record.lag_s is not None:
+            self.max_lag_s = max(self.max_lag_s, record.lag_s)
+
+
+async def run_load(config: LoadConfig, *, progress: RunProgress | None = None) -> LoadResult:
+    """Run the load described by `config` to completion; returns every request's record and the summary.
+
+    Raises ConfigError (before sending anything) for an invalid config or replay file. Failed requests do
+    not raise: they are records with an error kind. Returns after the last response (each bounded by
+    `config.timeout_s`) and, for a `duration_s` run, not before the duration has elapsed.
+    """
+    config = config.with_seed()
+    config.validate()
+    schedule = build_schedule(config)
+    assert config.seed is not None
+    prompts = PromptFactory(
+        seed=config.seed, chars_per_token=config.chars_per_token, shared_prefix_tokens=config.shared_prefix_tokens
+    )
+    progress = progress if progress is not None else RunProgress()
+    progress.scheduled = len(schedule)
+    progress.last_arrival_s = schedule[-1].arrival_s if schedule else 0.0
+    records = [RequestRecord.planned(planned) for planned in schedule]
+
+    # The connector's limit matches the cap, so aiohttp never queues a due request behind a busy pool.
+    connector = aiohttp.TCPConnector(limit=config.max_inflight)
+    # No session-wide timeout: the client bounds each request with config.timeout_s itself.
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        started_perf_s = time.perf_counter()
+        started_unix_s = time.time()
+        progress.started_perf_s = started_perf_s
+
+        def clock() -> float:
+            return time.perf_counter() - started_perf_s
+
+        client = CompletionClient(
+            session, endpoint=config.endpoint, model=config.model, timeout_s=config.timeout_s, clock=clock
+        )
+
+        async def send(planned: PlannedRequest) -> None:
+            record = await client.send(planned, prompts.prompt(planned))
+            records[planned.index] = record
+            progress.on_finished(record)
+
+        inflight: set[asyncio.Task[None]] = set()
+        for planned in schedule:
+            delay_s = planned.arrival_s - clock()
+            if delay_s > 0:
+                await asyncio.sleep(delay_s)
+            if len(inflight) >= config.max_inflight:
+                records[planned.index].fail(INFLIGHT_CAP, f"{config.max_inflight} requests already in flight")
+                progress.skipped += 1
+                continue
+            task = asyncio.create_task(send(planned))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+            progress.sent += 1
+
+        remaining_s = 0.0 if config.duration_s is None else config.duration_s - clock()
+        await asyncio.gather(*inflight, asyncio.sleep(max(0.0, remaining_s)))
+        wall_s = clock()
+    progress.done = True
+    return LoadResult(
+        config=config,
+        started_unix_s=started_unix_s,
+        records=records,
+        summary=summarize(records, config.slo, wall_s),
+    )
+
+
+def run_load_sync(config: LoadConfig, *, progress: RunProgress | None = None) -> LoadResult:
+    """Blocking `run_load` on a fresh event loop; call from a thread with no running loop."""
+    return asyncio.run(run_load(config, progress=progress))
