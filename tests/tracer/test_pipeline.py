@@ -1,0 +1,239 @@
+"""Records -> spans and metrics, asserted on an in-memory exporter and on the exposition text."""
+
+from __future__ import annotations
+
+import re
+from array import array
+
+import pytest
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client import CollectorRegistry
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+
+from tracer import TraceContext, start_tracing
+from tracer import spans as s
+from tracer.gpu import GpuSampler
+from tracer.metrics import Catalogue
+from tracer.session import otlp_exporter_from_env
+from tracer.traces import iter_spans
+
+MS = 1_000_000
+
+
+class Exporters:
+    """One in-memory exporter per session (shutting a session down shuts its exporter)."""
+
+    def __init__(self):
+        self.exporters = []
+
+    def new(self):
+        self.exporters.append(InMemorySpanExporter())
+        return self.exporters[-1]
+
+    def get_finished_spans(self):
+        return [span for e in self.exporters for span in e.get_finished_spans()]
+
+
+@pytest.fixture
+def traced():
+    exporter = Exporters()
+    registry = CollectorRegistry()
+    catalogue = Catalogue(registry)
+    sessions = []
+
+    def start(pool, worker, **kwargs):
+        session = start_tracing(pool, worker, catalogue=catalogue, processors=[SimpleSpanProcessor(exporter.new())], **kwargs)
+        sessions.append(session)
+        return session
+
+    yield start, exporter, registry
+    for session in sessions:
+        session.shutdown(1.0)
+
+
+def sample(registry, name, labels):
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_one_request_across_router_and_worker_has_the_contract_structure(traced):
+    start, exporter, registry = traced
+    router = start(None, None)
+    worker = start("colocated", "w0")
+    client = TraceContext.new_root().child(0x1234)
+    root_id = s.new_span_id()
+    ctx = client.child(root_id)  # what the router propagates to the worker in traceparent
+    t = 10_000 * MS  # marks are host perf_counter_ns values; these are made up but consistent
+    worker.tracer.stage("queue", ctx, t, t + 2 * MS)
+    worker.tracer.stage("prefill", ctx, t + 2 * MS, t + 50 * MS, {s.ATTR_PREFILL_TOKENS: 100, s.ATTR_PREFILL_CACHED_TOKENS: 16, s.ATTR_PREFILL_CHUNKS: 1})
+    token_times = array("q", [t + 50 * MS + i * 10 * MS for i in range(5)])
+    token_times[3] += 60 * MS  # a stall between tokens 2 and 3, with a 2000-token prefill in that step
+    prefill_in_step = array("i", [0, 0, 0, 2000, 0])
+    worker.tracer.decode(ctx, t + 50 * MS, t + 150 * MS, token_times, prefill_in_step, {s.ATTR_OUTPUT_TOKENS: 5})
+    router.tracer.request(
+        client, root_id, t - 1 * MS, t + 150 * MS, t + 51 * MS, model="tiny", mode="colocated",
+        request_id="req-1", input_tokens=100, output_tokens=5, token_gap_s=array("d", [0.01, 0.01, 0.07, 0.01]),
+    )
+    router.shutdown(1.0)
+    worker.shutdown(1.0)
+
+    spans = {span.name: span for span in exporter.get_finished_spans()}
+    root = spans["text_completion tiny"]
+    assert root.kind == SpanKind.SERVER and root.parent.span_id == 0x1234
+    assert root.attributes[s.ATTR_MODE] == "colocated" and root.attributes[s.ATTR_REQUEST_ID] == "req-1"
+    assert root.attributes[s.ATTR_TTFT_S] == pytest.approx(0.052)
+    for name in (s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE):
+        span = spans[name]
+        assert span.context.trace_id == root.context.trace_id
+        assert span.parent.span_id == root_id
+        assert span.attributes[s.ATTR_POOL] == "colocated" and span.attributes[s.ATTR_WORKER] == "w0"
+        assert span.attributes[s.ATTR_TIMING_SOURCE] == "host"
+        assert span.end_time > span.start_time
+    assert spans[s.SPAN_PREFILL].end_time - spans[s.SPAN_PREFILL].start_time == 48 * MS
+    decode = spans[s.SPAN_DECODE]
+    assert decode.attributes[s.ATTR_DECODE_STALLS] == 1
+    assert decode.attributes[s.ATTR_DECODE_ITL_MAX_S] == pytest.approx(0.07)
+    assert decode.attributes[s.ATTR_DECODE_ITL_P50_S] == pytest.approx(0.01)
+    (stall,) = decode.events
+    assert stall.name == s.EVENT_DECODE_STALL and stall.attributes["prefill_tokens"] == 2000
+    assert stall.attributes["gap_s"] == pytest.approx(0.07)
+
+    assert sample(registry, "splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}) == 1
+    assert sample(registry, "splitscope_inter_token_latency_seconds_count", {"pool": "colocated"}) == 4
+    assert sample(registry, "splitscope_tokens_total", {"pool": "colocated", "phase": "prefill"}) == 84
+    assert sample(registry, "splitscope_prefix_cache_hit_tokens_total", {"pool": "colocated"}) == 16
+    labels = {"gen_ai_request_model": "tiny", "mode": "colocated"}
+    assert sample(registry, "gen_ai_server_time_to_first_token_seconds_sum", labels) == pytest.approx(0.052)
+    # TPOT = (e2e - ttft) / (tokens - 1) = (0.151 - 0.052) / 4
+    assert sample(registry, "gen_ai_server_time_per_output_token_seconds_sum", labels) == pytest.approx(0.02475)
+
+
+def test_latency_histograms_carry_the_trace_id_as_an_exemplar(traced):
+    start, _, registry = traced
+    router = start(None, None)
+    ctx = TraceContext.new_root()
+    router.tracer.request(ctx, 77, 0, 300 * MS, 120 * MS, model="m", mode="disaggregated", request_id="r",
+                          input_tokens=10, output_tokens=3)
+    router.shutdown(1.0)
+    text = openmetrics_latest(registry).decode()
+    line = next(l for l in text.splitlines() if l.startswith("gen_ai_server_time_to_first_token_seconds_bucket") and "#" in l)
+    assert re.search(r'# \{trace_id="%032x"\} 0\.12' % ctx.trace_id, line), line
+
+
+def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
+    start, exporter, registry = traced
+    worker = start("colocated", "w0", step_sample_every=3)
+    for i in range(9):
+        t = i * 100 * MS
+        worker.tracer.step(t, t + (80 if i % 2 else 20) * MS, 4, 2000 if i % 2 else 0, 1000)
+    worker.shutdown(1.0)
+    steps = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP]
+    assert len(steps) == 3
+    assert len({span.context.trace_id for span in steps}) == 1  # one trace per worker window
+    with_prefill = {"pool": "colocated", "prefill_in_step": "true"}
+    without = {"pool": "colocated", "prefill_in_step": "false"}
+    assert sample(registry, "splitscope_step_duration_seconds_count", with_prefill) == 4
+    assert sample(registry, "splitscope_step_duration_seconds_count", without) == 5
+    assert sample(registry, "splitscope_step_duration_seconds_sum", with_prefill) == pytest.approx(0.32)
+    assert sample(registry, "splitscope_worker_busy_seconds_total", {"pool": "colocated", "worker": "w0"}) == pytest.approx(0.42)
+
+
+def test_errors_set_status_and_error_type(traced):
+    start, exporter, registry = traced
+    worker = start("prefill", "p0")
+    ctx = TraceContext.new_root().child(9)
+    worker.tracer.stage_wall("kv_transfer", ctx, 1_000, 2_000, {s.ATTR_KV_BYTES: 10}, error_type="checksum")
+    worker.shutdown(1.0)
+    (span,) = exporter.get_finished_spans()
+    assert span.status.status_code == StatusCode.ERROR and span.attributes["error.type"] == "checksum"
+    assert sample(registry, "splitscope_kv_transfer_failures_total", {"reason": "checksum"}) == 1
+
+
+def test_a_full_ring_drops_oldest_and_counts_it_in_the_metric(traced):
+    start, exporter, registry = traced
+    worker = start("decode", "d0", ring_capacity=8, interval_s=3600)  # the thread will not drain in time
+    for i in range(20):
+        worker.tracer.step(i, i + 1, 1, 0, 10)
+    worker.shutdown(1.0)
+    assert len([x for x in exporter.get_finished_spans()]) == 8
+    assert sample(registry, "splitscope_tracer_dropped_records_total", {"reason": "ring_full"}) == 12
+
+
+def test_traces_file_written_by_a_session_reads_back(tmp_path):
+    path = tmp_path / "t.jsonl"
+    session = start_tracing("colocated", "w0", traces_file=str(path))
+    ctx = TraceContext.new_root().child(3)
+    session.tracer.stage("prefill", ctx, 0, 5 * MS, {s.ATTR_PREFILL_TOKENS: 7})
+    session.shutdown(2.0)
+    (span,) = list(iter_spans([path]))
+    assert span.name == s.SPAN_PREFILL and span.trace_id == f"{ctx.trace_id:032x}"
+    assert span.attributes[s.ATTR_PREFILL_TOKENS] == 7
+    assert span.resource["service.name"] == "splitscope-colocated"
+
+
+def test_disabled_tracing_is_a_noop():
+    session = start_tracing("colocated", "w0", enabled=False)
+    t = session.tracer
+    assert t.enabled is False and t.mark() == 0
+    assert t.stage("prefill", None, 0, 0, span_id=5) == 5
+    session.shutdown()
+
+
+@pytest.mark.parametrize(
+    "header, expected",
+    [
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True)),
+        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False)),
+        ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
+        ("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
+        ("garbage", None),
+        (None, None),
+    ],
+)
+def test_traceparent_extract(header, expected):
+    ctx = TraceContext.from_traceparent(header)
+    assert (None if ctx is None else (ctx.trace_id, ctx.span_id, ctx.sampled)) == expected
+    if ctx is not None:
+        assert TraceContext.from_traceparent(ctx.traceparent()) == ctx
+
+
+def test_otlp_exporter_follows_the_environment():
+    assert otlp_exporter_from_env({}) is None
+    grpc = otlp_exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    http = otlp_exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    assert "grpc" in type(grpc).__module__ and "http" in type(http).__module__
+    with pytest.raises(ValueError, match="not one of"):
+        otlp_exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "x", "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"})
+
+
+def test_gpu_sampler_without_a_driver_reports_down_and_raises_nothing():
+    registry = CollectorRegistry()
+    catalogue = Catalogue(registry)
+    sampler = GpuSampler(catalogue).start()  # no NVIDIA driver on this machine
+    sampler.stop()
+    assert sampler.available is False and sampler.reason
+    assert registry.get_sample_value("splitscope_gpu_telemetry_up") == 0
+
+
+def test_gpu_sampler_with_nvml_sets_utilisation_and_memory():
+    class FakeNvml:  # the GPU boundary: NVML's API shape
+        def nvmlInit(self): pass
+        def nvmlDeviceGetCount(self): return 1
+        def nvmlDeviceGetHandleByIndex(self, i): return i
+        def nvmlDeviceGetUtilizationRates(self, h): return type("U", (), {"gpu": 87})()
+        def nvmlDeviceGetMemoryInfo(self, h): return type("M", (), {"used": 5 * 2**30})()
+
+    registry = CollectorRegistry()
+    sampler = GpuSampler(Catalogue(registry), interval_s=0.01, nvml=FakeNvml()).start()
+    try:
+        import time
+        deadline = time.monotonic() + 5
+        while registry.get_sample_value("splitscope_gpu_memory_used_bytes", {"gpu": "0"}) is None:
+            assert time.monotonic() < deadline, "sampler never reported"
+            sampler._stop.wait(0.01)
+    finally:
+        sampler.stop()
+    assert registry.get_sample_value("splitscope_gpu_utilization_ratio", {"gpu": "0"}) == pytest.approx(0.87)
+    assert registry.get_sample_value("splitscope_gpu_telemetry_up") == 1

@@ -1,0 +1,148 @@
+"""The tracer interface engine code calls (STYLE 1: the engine never touches the OpenTelemetry SDK).
+
+    tracer = start_tracing(pool="colocated", worker="w0", traces_file="traces.jsonl").tracer
+    t0 = tracer.mark()
+    ...                                             # the stage's work
+    tracer.stage("prefill", ctx, t0, tracer.mark(), **{ATTR_PREFILL_TOKENS: 2000})
+
+Every method runs on the calling (engine) thread, never blocks and never synchronises a device: it
+builds one record tuple and pushes it into a bounded ring. `NoopTracer` has the same methods and does
+nothing, so instrumented code costs a method call when tracing is off.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from tracer.records import RecordRing, RequestRecord, StageRecord, StepRecord
+from tracer.spans import TraceContext, new_span_id
+
+
+class Tracer:
+    """Records stages, steps and requests of one worker (or the router) into a ring.
+
+    `mark()` is the clock's mark function (host `perf_counter_ns`, or a CUDA event record).
+    `ctx` is the request's TraceContext: the new span becomes a child of `ctx.span_id` in `ctx.trace_id`.
+    """
+
+    enabled = True
+
+    def __init__(self, clock: Any, ring: RecordRing) -> None:
+        self.clock = clock
+        self.ring = ring
+        self.mark = clock.mark
+        self._push = ring.push
+
+    def stage(
+        self,
+        stage: str,
+        ctx: TraceContext,
+        start: Any,
+        end: Any,
+        attrs: dict[str, Any] | None = None,
+        *,
+        span_id: int = 0,
+        error_type: str = "",
+    ) -> int:
+        """Record one stage span; returns its span id (pass `span_id` to choose it beforehand, e.g. when
+        it was already propagated to another process as a parent)."""
+        span_id = span_id or new_span_id()
+        self._push(StageRecord(stage, ctx.trace_id, span_id, ctx.span_id, start, end, attrs or {}, error_type))
+        return span_id
+
+    def stage_wall(
+        self,
+        stage: str,
+        ctx: TraceContext,
+        start_wall_ns: int,
+        end_wall_ns: int,
+        attrs: dict[str, Any] | None = None,
+        *,
+        span_id: int = 0,
+        error_type: str = "",
+    ) -> int:
+        """Like `stage`, for times already on the wall clock (measured by another component)."""
+        span_id = span_id or new_span_id()
+        record = StageRecord(
+            stage, ctx.trace_id, span_id, ctx.span_id, start_wall_ns, end_wall_ns, attrs or {}, error_type, True
+        )
+        self._push(record)
+        return span_id
+
+    def decode(
+        self,
+        ctx: TraceContext,
+        start: Any,
+        end: Any,
+        token_perf_ns: array,
+        token_prefill_tokens: array | None,
+        attrs: dict[str, Any] | None = None,
+        *,
+        error_type: str = "",
+    ) -> int:
+        """Record the decode span. `token_perf_ns[i]` is the host `perf_counter_ns` at which token i
+        reached the host; `token_prefill_tokens[i]` the prefill tokens in the step that produced it. The
+        arrays are handed over: do not append to them afterwards."""
+        span_id = new_span_id()
+        self._push(
+            StageRecord(
+                "decode", ctx.trace_id, span_id, ctx.span_id, start, end, attrs or {}, error_type, False,
+                token_perf_ns, token_prefill_tokens,
+            )  # fmt: skip
+        )
+        return span_id
+
+    def step(self, start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int) -> None:
+        """Record one engine iteration."""
+        self._push(StepRecord(start, end, decode_requests, prefill_tokens, context_tokens))
+
+    def request(
+        self,
+        ctx: TraceContext,
+        span_id: int,
+        start: Any,
+        end: Any,
+        first_token: Any,
+        *,
+        model: str,
+        mode: str,
+        request_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        token_gap_s: array | None = None,
+        error_type: str = "",
+    ) -> None:
+        """Record the router's root span (`text_completion {model}`) and the client-facing latencies."""
+        self._push(
+            RequestRecord(
+                ctx.trace_id, span_id, ctx.span_id, start, end, first_token, model, mode, request_id,
+                input_tokens, output_tokens, token_gap_s, error_type,
+            )  # fmt: skip
+        )
+
+
+def _zero() -> int:
+    return 0
+
+
+class NoopTracer:
+    """Tracing off: the same methods, no work."""
+
+    enabled = False
+    mark = staticmethod(_zero)
+
+    def stage(self, *args: Any, **kwargs: Any) -> int:
+        return kwargs.get("span_id", 0)
+
+    def stage_wall(self, *args: Any, **kwargs: Any) -> int:
+        return kwargs.get("span_id", 0)
+
+    def decode(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        pass

@@ -1,0 +1,152 @@
+"""The metric catalogue (DESIGN section 5): every name, label and bucket is defined here once.
+
+`Catalogue(registry)` builds every family; `catalogue.bind(pool, worker)` returns `WorkerMetrics`, the
+label children one worker writes, bound once at start (STYLE 4) so recording is only `inc`/`set`/`observe`.
+Latency histograms take the request's trace id as an OpenMetrics exemplar.
+
+Buckets (seconds) are chosen for LLM serving, and SLO thresholds used by alerts/ must be bucket
+boundaries so burn-rate rules can count "good" requests exactly:
+- LATENCY_BUCKETS_S (TTFT, request duration, stages, steps): 1 ms .. 80 s, dense between 10 ms and 1 s
+  where prefill steps and TTFT SLOs live.
+- TOKEN_BUCKETS_S (inter-token latency, time per output token): 1 ms .. 2.5 s, dense between 10 and
+  100 ms where decode steps and ITL SLOs live.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import choose_encoder, start_http_server
+
+LATENCY_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+TOKEN_BUCKETS_S = (
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
+    0.5, 0.75, 1.0, 2.5,
+)  # fmt: skip
+
+POOLS = ("colocated", "prefill", "decode")
+MODES = ("colocated", "chunked", "disaggregated")
+STAGE_METRIC_LABELS = ("queue", "prefill", "kv_transfer", "decode")
+
+
+class Catalogue:
+    """Every splitscope metric family, registered in `registry` (one per process or per test)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self.ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds", "Time to first token, as the server sent it",
+            ["gen_ai_request_model", "mode"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds", "Time per output token after the first",
+            ["gen_ai_request_model", "mode"], buckets=TOKEN_BUCKETS_S, registry=r)
+        self.request_duration = Histogram(
+            "gen_ai_server_request_duration_seconds", "End-to-end request duration",
+            ["gen_ai_request_model", "mode"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.stage_duration = Histogram(
+            "splitscope_stage_duration_seconds", "Time a request spent in each stage",
+            ["stage", "pool"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.inter_token_latency = Histogram(
+            "splitscope_inter_token_latency_seconds", "Gap between consecutive output tokens of a request",
+            ["pool"], buckets=TOKEN_BUCKETS_S, registry=r)
+        self.step_duration = Histogram(
+            "splitscope_step_duration_seconds",
+            "Engine iteration time, split by whether prefill tokens shared the step (interference)",
+            ["pool", "prefill_in_step"], buckets=LATENCY_BUCKETS_S, registry=r)
+        self.kv_transfer_bytes = Counter(
+            "splitscope_kv_transfer_bytes", "KV cache bytes moved between pools",
+            ["src_pool", "dst_pool"], registry=r)
+        self.kv_transfer_failures = Counter(
+            "splitscope_kv_transfer_failures", "Failed KV transfers by reason", ["reason"], registry=r)
+        self.tokens = Counter(
+            "splitscope_tokens", "Tokens processed by phase", ["pool", "phase"], registry=r)
+        self.requests_waiting = Gauge(
+            "splitscope_requests_waiting", "Requests queued in a worker", ["pool", "worker"], registry=r)
+        self.requests_running = Gauge(
+            "splitscope_requests_running", "Requests scheduled in a worker", ["pool", "worker"], registry=r)
+        self.worker_busy = Counter(
+            "splitscope_worker_busy_seconds", "Time a worker spent running engine steps",
+            ["pool", "worker"], registry=r)
+        self.pool_workers = Gauge(
+            "splitscope_pool_workers", "Workers in each pool", ["pool"], registry=r)
+        self.kv_cache_usage = Gauge(
+            "splitscope_kv_cache_usage_ratio", "Share of KV cache blocks in use", ["pool", "worker"],
+            registry=r)
+        self.prefix_queried = Counter(
+            "splitscope_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
+            ["pool"], registry=r)
+        self.prefix_hit = Counter(
+            "splitscope_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", ["pool"],
+            registry=r)
+        self.gpu_utilization = Gauge(
+            "splitscope_gpu_utilization_ratio", "GPU busy share over the last sample", ["gpu"], registry=r)
+        self.gpu_memory_used = Gauge(
+            "splitscope_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r)
+        self.gpu_telemetry_up = Gauge(
+            "splitscope_gpu_telemetry_up", "1 when GPU telemetry is being sampled", registry=r)
+        self.tracer_dropped = Counter(
+            "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"],
+            registry=r)
+        self.tracer_pending = Gauge(
+            "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
+        # Children that exist from the start, so rate() and absent() behave before the first failure.
+        for reason in ("ring_full", "export_queue_full", "sidecar_unreachable"):
+            self.tracer_dropped.labels(reason=reason)
+
+    def bind(self, pool: str, worker: str) -> WorkerMetrics:
+        """The label children of one worker, created once."""
+        if pool not in POOLS:
+            raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        return WorkerMetrics(
+            stage={s: self.stage_duration.labels(stage=s, pool=pool) for s in STAGE_METRIC_LABELS},
+            inter_token_latency=self.inter_token_latency.labels(pool=pool),
+            step_with_prefill=self.step_duration.labels(pool=pool, prefill_in_step="true"),
+            step_without_prefill=self.step_duration.labels(pool=pool, prefill_in_step="false"),
+            prefill_tokens=self.tokens.labels(pool=pool, phase="prefill"),
+            decode_tokens=self.tokens.labels(pool=pool, phase="decode"),
+            requests_waiting=self.requests_waiting.labels(pool=pool, worker=worker),
+            requests_running=self.requests_running.labels(pool=pool, worker=worker),
+            busy_seconds=self.worker_busy.labels(pool=pool, worker=worker),
+            kv_cache_usage=self.kv_cache_usage.labels(pool=pool, worker=worker),
+            prefix_queried_tokens=self.prefix_queried.labels(pool=pool),
+            prefix_hit_tokens=self.prefix_hit.labels(pool=pool),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerMetrics:
+    """Label children of one worker; every field is safe to call from any thread."""
+
+    stage: dict
+    inter_token_latency: Histogram
+    step_with_prefill: Histogram
+    step_without_prefill: Histogram
+    prefill_tokens: Counter
+    decode_tokens: Counter
+    requests_waiting: Gauge
+    requests_running: Gauge
+    busy_seconds: Counter
+    kv_cache_usage: Gauge
+    prefix_queried_tokens: Counter
+    prefix_hit_tokens: Counter
+
+
+def exemplar(trace_id: int) -> dict[str, str]:
+    """OpenMetrics exemplar labels linking a latency sample to its trace."""
+    return {"trace_id": format(trace_id, "032x")}
+
+
+def exposition(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
+    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks."""
+    encoder, content_type = choose_encoder(accept_header or "")
+    return encoder(registry), content_type
+
+
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+    """Serve /metrics on a daemon thread; returns (server, thread). Port 0 picks a free port."""
+    return start_http_server(port, addr=host, registry=registry)
