@@ -4,14 +4,20 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+# Debian packages: Prometheus (server + promtool) for the rules and end-to-end tests, Chromium to render
+# the HTML report in a test, iproute2 for the slow-link test's network namespaces.
+missing=()
+command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v ip >/dev/null 2>&1 && command -v tc >/dev/null 2>&1 || missing+=(iproute2)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     # The Debian package starts a system Prometheus on :9090; our tests start their own on free ports.
     (systemctl stop prometheus || service prometheus stop || pkill -x prometheus) >/dev/null 2>&1 || true
   else
-    echo "setup: promtool/prometheus missing and not root; install Debian's 'prometheus' package" >&2
+    echo "setup: missing Debian packages (${missing[*]}) and not root: install them first" >&2
     exit 1
   fi
 fi
