@@ -1,0 +1,57 @@
+"""`splitscope alerts build|check`: regenerate alerts/rules.yaml, run promtool on it."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from alerts import promtool
+from alerts.rules import RULES_PATH, render_rules_yaml
+
+
+@click.group("alerts")
+def alerts_group() -> None:
+    """Prometheus recording and alerting rules (alerts/rules.yaml)."""
+
+
+@alerts_group.command("build")
+@click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 if rules.yaml is stale.")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=RULES_PATH,
+              show_default=True, help="Where to write the rule file.")
+def build_command(check_only: bool, out: Path) -> None:
+    """Render the rule file from alerts/rules.py and alerts/settings.py."""
+    text = render_rules_yaml()
+    current = out.read_text(encoding="utf-8") if out.exists() else None
+    if check_only:
+        if current != text:
+            raise click.ClickException(f"{out} is stale: run `splitscope alerts build`")
+        click.echo(f"{out} is up to date")
+        return
+    if current != text:
+        out.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {out}")
+    else:
+        click.echo(f"{out} unchanged")
+
+
+@alerts_group.command("check")
+@click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=RULES_PATH, show_default=True, help="Rule file to check.")
+@click.option("--skip-tests", is_flag=True, help="Only `promtool check rules`, not the unit tests.")
+def check_command(rules_path: Path, skip_tests: bool) -> None:
+    """Run `promtool check rules` and `promtool test rules` (alerts/tests/*.yaml)."""
+    try:
+        results = [promtool.check_rules(rules_path)]
+        if not skip_tests:
+            results.append(promtool.run_unit_tests())
+    except promtool.PromtoolMissing as exc:
+        raise click.ClickException(str(exc)) from exc
+    failed = False
+    for result in results:
+        click.echo(result.output.rstrip())
+        failed = failed or not result.ok
+    if failed:
+        click.echo("promtool reported errors", err=True)
+        sys.exit(1)
