@@ -102,6 +102,7 @@ def start_tracing(
     step_sample_every: int = 1,
     ring_capacity: int = 65536,
     sink: Sink | None = None,
+    sidecar_socket: str | None = None,
     processors: list[SpanProcessor] | None = None,
     interval_s: float = 0.1,
     enabled: bool = True,
@@ -110,7 +111,8 @@ def start_tracing(
 
     Metrics go to `catalogue` (built on `registry` when not given). `sink` replaces local export (the
     sidecar client); `processors` replaces the exporters from the environment (tests use an in-memory
-    exporter). With `enabled=False` the session holds a NoopTracer and starts no thread.
+    exporter). `sidecar_socket` ships resolved spans to a sidecar over that Unix socket instead of
+    exporting here (the sidecar then exports and keeps the span-derived metrics). With `enabled=False` the session holds a NoopTracer and starts no thread.
     """
     if not enabled:
         return TracingSession(NoopTracer(), None, catalogue, registry)
@@ -118,6 +120,10 @@ def start_tracing(
     catalogue = catalogue or Catalogue(registry)
     clock = default_clock(device)
     ring = RecordRing(ring_capacity)
+    if sink is None and sidecar_socket:
+        from tracer.sidecar.client import SidecarSink
+
+        sink = SidecarSink(sidecar_socket, on_drop=lambda n: catalogue.tracer_dropped.labels(reason="sidecar_unreachable").inc(n))
     if sink is None:
         resource = make_resource(service_name or (f"splitscope-{pool}" if pool else "splitscope-router"))
         procs = processors if processors is not None else span_processors(traces_file)
