@@ -1,25 +1,15 @@
 """Every threshold and duration of the alert rules, in one place.
 
 The latency SLO thresholds are compared against histogram buckets (`le` labels), so each must be one of the
-bucket boundaries below: a burn-rate rule can only count "requests at or under X seconds" when X is a
-boundary. `AlertSettings.validate()` refuses anything else. The boundaries are copied from tracer/metrics.py,
-which owns them; tests/alerts checks the copy against it once that module exposes them.
+bucket boundaries of tracer/metrics.py: a burn-rate rule can only count "requests at or under X seconds"
+when X is a boundary. `AlertSettings.validate()` refuses anything else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Time to first token, request duration, stage and step durations (seconds).
-LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)
-# Inter-token latency and time per output token (seconds).
-ITL_BUCKETS_S: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-    0.5, 0.75, 1.0, 2.5,
-)
+from tracer.metrics import LATENCY_BUCKETS_S, TOKEN_BUCKETS_S
 
 
 @dataclass(frozen=True)
@@ -74,8 +64,8 @@ class AlertSettings:
             raise ValueError(
                 f"ttft_slo_s={self.ttft_slo_s} is not a latency bucket boundary {LATENCY_BUCKETS_S}"
             )
-        if self.itl_slo_s not in ITL_BUCKETS_S:
-            raise ValueError(f"itl_slo_s={self.itl_slo_s} is not an ITL bucket boundary {ITL_BUCKETS_S}")
+        if self.itl_slo_s not in TOKEN_BUCKETS_S:
+            raise ValueError(f"itl_slo_s={self.itl_slo_s} is not an ITL bucket boundary {TOKEN_BUCKETS_S}")
         for name in ("slo_objective_ratio", "recommend_attainment_ratio"):
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
