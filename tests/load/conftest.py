@@ -5,6 +5,7 @@ OpenAI `user` field (the load generator's session), so a replay file scripts fau
 
   (none)/other  stream `max_tokens` chunks: the first `ttft_s` after receipt, then one every `itl_s`,
                 a usage event, then `data: [DONE]`
+  "slow"        as the default, but the first chunk comes `slow_ttft_s` after receipt
   "http500"     answer 500           "http400"   answer 400
   "close"       two chunks, then the connection is cut (no [DONE])
   "stall"       one chunk, then nothing until the server stops (the client's timeout fires)
@@ -33,9 +34,10 @@ class Received:
 
 
 class FakeCompletionsServer:
-    def __init__(self, port: int, *, ttft_s: float = 0.02, itl_s: float = 0.01) -> None:
+    def __init__(self, port: int, *, ttft_s: float = 0.02, itl_s: float = 0.01, slow_ttft_s: float = 0.2) -> None:
         self.port = port
         self.ttft_s = ttft_s
+        self.slow_ttft_s = slow_ttft_s
         self.itl_s = itl_s
         self.received: list[Received] = []  # appended on the server loop; read after a run has finished
         self._ready = threading.Event()
@@ -82,9 +84,10 @@ class FakeCompletionsServer:
         n_tokens = int(body["max_tokens"])
         if behaviour in ("close", "stall", "badjson", "error"):
             n_tokens = {"close": 2}.get(behaviour, 1)
+        ttft_s = self.slow_ttft_s if behaviour == "slow" else self.ttft_s
         for i in range(n_tokens):
             # Sleep to an absolute deadline so gaps do not accumulate the server's own delays.
-            await asyncio.sleep(max(0.0, received_s + self.ttft_s + i * self.itl_s - time.monotonic()))
+            await asyncio.sleep(max(0.0, received_s + ttft_s + i * self.itl_s - time.monotonic()))
             await _event(response, {"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
         if behaviour == "close":
             request.transport.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import signal
 from pathlib import Path
 
 import click
@@ -13,6 +14,7 @@ from rich.live import Live
 
 from tracer.load.config import SLO, BurstSpec, ConfigError, LengthSpec, LoadConfig
 from tracer.load.display import LiveView, summary_tables
+from tracer.load.results import LoadResult
 from tracer.load.runner import RunProgress, run_load
 
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -131,9 +133,9 @@ def load_command(url: str, model: str, rate_rps: float | None, duration_s: float
     try:
         if show_progress:
             with Live(LiveView(progress), console=err_console, refresh_per_second=4, transient=True):
-                result = asyncio.run(run_load(config, progress=progress))
+                result = asyncio.run(_run_until_interrupted(config, progress))
         else:
-            result = asyncio.run(run_load(config, progress=progress))
+            result = asyncio.run(_run_until_interrupted(config, progress))
     except ConfigError as exc:  # a bad replay file is found when the schedule is built
         raise click.ClickException(str(exc)) from None
 
@@ -142,6 +144,25 @@ def load_command(url: str, model: str, rate_rps: float | None, duration_s: float
         result.write_json(out_path)
         err_console.print(f"wrote {len(result.records)} request records to {out_path} (seed {config.seed})")
     summary = result.summary
+    if result.stopped_early:
+        err_console.print(f"interrupted: {summary.scheduled} of {progress.scheduled} scheduled requests were due")
+        click.get_current_context().exit(130)  # the shell's code for "stopped by Ctrl-C", after the results
     if summary.sent and not summary.ok:
         first = next(r for r in result.records if r.error_detail)
         raise click.ClickException(f"all {summary.sent} requests failed; first: {first.error_kind}: {first.error_detail}")
+
+
+async def _run_until_interrupted(config: LoadConfig, progress: RunProgress) -> LoadResult:
+    """`run_load`, where a first Ctrl-C stops the schedule and keeps the results; a second one aborts."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_first_interrupt() -> None:
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)  # back to KeyboardInterrupt for a second Ctrl-C
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_first_interrupt)
+    except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, or not the main thread)
+        pass
+    return await run_load(config, progress=progress, stop=stop)

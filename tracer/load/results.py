@@ -1,8 +1,8 @@
 """`LoadResult`: a finished run (config, per-request records, summary) and its JSON form.
 
-JSON layout (`--out`): {"config": {...}, "started_unix_s": float, "summary": {...}, "requests": [...]},
-one entry per scheduled request in schedule order, each with its measurements plus the derived
-`itl_p99_s` and `meets_slo`. Offsets (`scheduled_s`, `sent_s`) are seconds after `started_unix_s`.
+JSON layout (`--out`): {"config": {...}, "started_unix_s": float, "stopped_early": bool,
+"summary": {...}, "requests": [...]}, one entry per scheduled request (up to a stop) in schedule order,
+each with its measurements plus the derived `itl_p99_s` and `meets_slo`. Offsets (`scheduled_s`, `sent_s`) are seconds after `started_unix_s`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ class LoadResult:
     started_unix_s: float  # wall clock at the run's time zero
     records: list[RequestRecord]
     summary: Summary
+    stopped_early: bool = False  # stopped before the schedule's end; records cover arrivals up to the stop
 
     def to_json_dict(self) -> dict:
         return {
             "config": self.config.to_json_dict(),
             "started_unix_s": self.started_unix_s,
+            "stopped_early": self.stopped_early,
             "summary": self.summary.to_json_dict(),
             "requests": [
                 {**asdict(r), "itl_p99_s": itl_p99_s(r), "meets_slo": meets_slo(r, self.config.slo)}

@@ -62,12 +62,15 @@ class RunProgress:
             self.max_lag_s = max(self.max_lag_s, record.lag_s)
 
 
-async def run_load(config: LoadConfig, *, progress: RunProgress | None = None) -> LoadResult:
+async def run_load(config: LoadConfig, *, progress: RunProgress | None = None,
+                   stop: asyncio.Event | None = None) -> LoadResult:
     """Run the load described by `config` to completion; returns every request's record and the summary.
 
     Raises ConfigError (before sending anything) for an invalid config or replay file. Failed requests do
     not raise: they are records with an error kind. Returns after the last response (each bounded by
     `config.timeout_s`) and, for a `duration_s` run, not before the duration has elapsed.
+    Setting `stop` (e.g. from a SIGINT handler) ends the schedule early: nothing more is sent, requests in
+    flight finish, and the result covers the requests whose arrival came before the stop.
     """
     config = config.with_seed()
     config.validate()
@@ -102,10 +105,14 @@ async def run_load(config: LoadConfig, *, progress: RunProgress | None = None) -
             progress.on_finished(record)
 
         inflight: set[asyncio.Task[None]] = set()
+        reached = 0  # schedule entries whose arrival time came before any stop
         for planned in schedule:
             delay_s = planned.arrival_s - clock()
-            if delay_s > 0:
-                await asyncio.sleep(delay_s)
+            if delay_s > 0 and await _stopped_within(stop, delay_s):
+                break
+            if stop is not None and stop.is_set():
+                break
+            reached += 1
             if len(inflight) >= config.max_inflight:
                 records[planned.index].fail(INFLIGHT_CAP, f"{config.max_inflight} requests already in flight")
                 progress.skipped += 1
@@ -115,16 +122,32 @@ async def run_load(config: LoadConfig, *, progress: RunProgress | None = None) -
             task.add_done_callback(inflight.discard)
             progress.sent += 1
 
-        remaining_s = 0.0 if config.duration_s is None else config.duration_s - clock()
-        await asyncio.gather(*inflight, asyncio.sleep(max(0.0, remaining_s)))
+        stopped_early = reached < len(schedule)
+        remaining_s = 0.0 if config.duration_s is None or stopped_early else config.duration_s - clock()
+        await asyncio.gather(*inflight, _stopped_within(stop, remaining_s))
         wall_s = clock()
     progress.done = True
+    records = records[:reached]
     return LoadResult(
         config=config,
         started_unix_s=started_unix_s,
         records=records,
         summary=summarize(records, config.slo, wall_s),
+        stopped_early=stopped_early,
     )
+
+
+async def _stopped_within(stop: asyncio.Event | None, seconds: float) -> bool:
+    """Wait up to `seconds` (none if <= 0); True as soon as `stop` is set, False when the time ran out."""
+    if stop is None:
+        await asyncio.sleep(max(0.0, seconds))
+        return False
+    try:
+        async with asyncio.timeout(max(0.0, seconds)):
+            await stop.wait()
+    except TimeoutError:
+        return False
+    return True
 
 
 def run_load_sync(config: LoadConfig, *, progress: RunProgress | None = None) -> LoadResult:

@@ -84,10 +84,11 @@ def poisson_arrivals_s(rate_rps: float, rng: np.random.Generator, *, duration_s:
 
 def burst_arrivals_s(every_s: float, count: int, *, until_s: float) -> np.ndarray:
     """`count` arrivals at every_s, 2*every_s, ... strictly before `until_s`."""
-    n_bursts = max(0, math.ceil(until_s / every_s) - 1)
+    n_bursts = int(until_s // every_s) + 1  # candidates; the filter below drops any at or past until_s
     if n_bursts * count > MAX_SCHEDULED_REQUESTS:
         raise ConfigError(f"--burst asks for {n_bursts * count} requests; at most {MAX_SCHEDULED_REQUESTS}")
-    return np.repeat(every_s * np.arange(1, n_bursts + 1), count)
+    times = every_s * np.arange(1, n_bursts + 1)
+    return np.repeat(times[times < until_s], count)
 
 
 def sample_lengths(spec: LengthSpec, rng: np.random.Generator, size: int) -> np.ndarray:

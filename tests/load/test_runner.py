@@ -1,0 +1,152 @@
+"""The runner and client against a real streaming HTTP server (the fake in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig, LoadResult, run_load_sync
+from tracer.load.client import OK, SKIPPED
+
+TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
+# How far a server-side receive time may stray from the schedule on a busy 2-core test machine.
+ON_TIME_S = 0.1
+
+
+def _replay(tmp_path: Path, rows: list[list]) -> str:
+    path = tmp_path / "replay.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _by_trace_id(server) -> dict:  # type: ignore[no-untyped-def]
+    return {TRACEPARENT.match(r.headers["traceparent"]).group(1): r for r in server.received}  # type: ignore[union-attr]
+
+
+def test_measurements_follow_the_server_timing_and_summary_recomputes_from_records(fake_server, tmp_path) -> None:
+    rows = [[0.03 * i, 8 + i, 6, "slow" if i % 3 == 0 else f"s{i}"] for i in range(9)]
+    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows),
+                        slo=SLO(ttft_s=0.12, itl_s=0.05), seed=1)
+    result = run_load_sync(config)
+
+    for record in result.records:
+        assert record.status == OK, record.error_detail
+        assert (record.output_chunks, record.output_tokens, record.usage_completion_tokens) == (6, 6, 6)
+        assert record.usage_prompt_tokens == record.prompt_tokens
+        expected_ttft_s = fake_server.slow_ttft_s if record.session == "slow" else fake_server.ttft_s
+        assert expected_ttft_s <= record.ttft_s < expected_ttft_s + 0.08
+        assert len(record.itl_s) == 5
+        # The server paces chunks to absolute deadlines, so the gaps sum to 5 intervals.
+        assert sum(record.itl_s) == pytest.approx(5 * fake_server.itl_s, abs=0.03)
+        assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 5)
+        assert record.e2e_s >= record.ttft_s + sum(record.itl_s) - 1e-9
+
+    doc = json.loads(json.dumps(result.to_json_dict()))  # what --out holds
+    requests = doc["requests"]
+    summary = doc["summary"]
+    meets = [r["ttft_s"] <= 0.12 and np.percentile(r["itl_s"], 99) <= 0.05 for r in requests]
+    assert [r["meets_slo"] for r in requests] == meets
+    assert summary["slo_met"] == sum(meets) == sum(r["session"] != "slow" for r in requests)
+    assert summary["goodput_rps"] == pytest.approx(sum(meets) / summary["wall_s"])
+    assert summary["attainment"] == pytest.approx(sum(meets) / len(requests))
+    for metric in ("ttft_s", "tpot_s", "e2e_s"):
+        values = [r[metric] for r in requests]
+        expected = np.percentile(values, [50, 90, 99])
+        got = summary["latency"][metric]
+        assert [got["p50"], got["p90"], got["p99"]] == pytest.approx(expected, rel=1e-12)
+    gaps = [g for r in requests for g in r["itl_s"]]
+    assert summary["latency"]["itl_s"]["p99"] == pytest.approx(np.percentile(gaps, 99), rel=1e-12)
+    assert summary["latency"]["itl_s"]["count"] == 45
+    assert summary["schedule_lag"]["max"] == pytest.approx(max(r["lag_s"] for r in requests))
+    assert summary["wall_s"] >= max(r["sent_s"] + r["e2e_s"] for r in requests)
+
+
+def test_replay_is_honoured_and_every_request_carries_a_valid_traceparent(fake_server, tmp_path) -> None:
+    rows = [[0.0, 5, 2, "alpha"], [0.25, 50, 3], [0.25, 7, 4, "beta"], [0.5, 31, 1, "alpha"]]
+    config = LoadConfig(url=fake_server.url, model="tiny", replay_path=_replay(tmp_path, rows), seed=2)
+    result = run_load_sync(config)
+
+    received = _by_trace_id(fake_server)
+    assert len(received) == 4 == len({r.trace_id for r in result.records})
+    assert set(received) == {r.trace_id for r in result.records}
+    for record, (arrival_s, prompt_tokens, output_tokens, *session) in zip(result.records, rows):
+        got = received[record.trace_id]
+        assert got.unix_s - result.started_unix_s == pytest.approx(arrival_s, abs=ON_TIME_S)
+        assert len(got.body["prompt"]) == prompt_tokens
+        assert got.body["max_tokens"] == got.body["min_tokens"] == output_tokens
+        assert got.body["ignore_eos"] is True and got.body["stream"] is True and got.body["model"] == "tiny"
+        assert got.body.get("user") == (session[0] if session else None)
+        assert record.output_tokens == output_tokens
+    span_ids = {TRACEPARENT.match(r.headers["traceparent"]).group(2) for r in fake_server.received}
+    assert len(span_ids) == 4
+
+
+def test_bursts_arrive_when_scheduled_and_a_duration_run_lasts_its_duration(fake_server) -> None:
+    config = LoadConfig(url=fake_server.url, model="m", rate_rps=0.0, burst=BurstSpec(0.3, 3, 300),
+                        duration_s=1.0, output=LengthSpec(2), seed=3)
+    result = run_load_sync(config)
+
+    assert [r.scheduled_s for r in result.records] == pytest.approx([0.3] * 3 + [0.6] * 3 + [0.9] * 3)
+    received = _by_trace_id(fake_server)
+    for record in result.records:
+        got = received[record.trace_id]
+        assert got.unix_s - result.started_unix_s == pytest.approx(record.scheduled_s, abs=ON_TIME_S)
+        assert len(got.body["prompt"]) == 300
+    assert result.summary.ok == 9
+    assert result.summary.wall_s >= 1.0
+
+
+def test_arrivals_never_wait_on_responses(fake_server, tmp_path) -> None:
+    # Every answer stalls until the client's timeout, yet each request still leaves on schedule.
+    rows = [[0.05 * i, 4, 3, "stall"] for i in range(6)]
+    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.4, seed=4)
+    result = run_load_sync(config)
+
+    received = _by_trace_id(fake_server)
+    assert len(received) == 6
+    for record in result.records:
+        assert received[record.trace_id].unix_s - result.started_unix_s == pytest.approx(record.scheduled_s,
+                                                                                          abs=ON_TIME_S)
+        assert record.error_kind == "timeout"
+    assert result.summary.schedule_lag.max < ON_TIME_S
+
+
+def test_errors_are_counted_by_kind_and_the_run_completes(fake_server, tmp_path) -> None:
+    behaviours = ["ok", "http500", "http400", "close", "stall", "badjson", "error", "ok"]
+    rows = [[0.01 * i, 6, 4, b] for i, b in enumerate(behaviours)]
+    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.3, seed=5)
+    result = run_load_sync(config)
+
+    kinds = [r.error_kind for r in result.records]
+    assert kinds == [None, "http_5xx", "http_4xx", "stream_closed", "timeout", "bad_event", "bad_event", None]
+    assert result.records[1].http_status == 500 and "boom" in result.records[1].error_detail
+    assert result.records[3].output_chunks == 2  # what arrived before the cut is kept
+    summary = result.summary
+    assert (summary.scheduled, summary.sent, summary.ok, summary.errors) == (8, 8, 2, 6)
+    assert summary.errors_by_kind == {"http_4xx": 1, "http_5xx": 1, "connect": 0, "stream_closed": 1,
+                                      "timeout": 1, "bad_event": 2}
+    assert summary.latency["ttft_s"].count == 2  # percentiles cover successful requests only
+
+
+def test_connection_refused_is_a_connect_error(port: int) -> None:
+    config = LoadConfig(url=f"http://127.0.0.1:{port}", model="m", rate_rps=200.0, requests=3, seed=6)
+    result = run_load_sync(config)
+    assert [r.error_kind for r in result.records] == ["connect"] * 3
+    assert result.summary.errors_by_kind["connect"] == 3 and result.summary.ok == 0
+
+
+def test_max_inflight_cap_skips_and_counts_instead_of_delaying(fake_server, tmp_path) -> None:
+    rows = [[0.0, 4, 2, "stall"]] * 2 + [[0.05, 4, 2], [0.1, 4, 2], [0.8, 4, 2]]
+    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.4,
+                        max_inflight=2, seed=7)
+    result: LoadResult = run_load_sync(config)
+
+    assert [r.status for r in result.records] == ["error", "error", SKIPPED, SKIPPED, OK]
+    assert [r.error_kind for r in result.records[2:4]] == ["inflight_cap"] * 2
+    assert all(r.sent_s is None for r in result.records[2:4])
+    assert result.summary.skipped_inflight_cap == 2 and result.summary.sent == 3
+    assert len(fake_server.received) == 3
