@@ -1,0 +1,398 @@
+"""`build_report(paths, options) -> Report`: load -> measure -> fit -> simulate -> decide, in-process.
+
+The CLI and `splitscope demo` both call this; `tracer.report.render.render(report, fmt)` turns the result
+into Markdown, HTML or JSON. Blocking; CPU only; a million-span trace takes tens of seconds, dominated by
+reading it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
+from tracer.report.fit import PrefillFit, StepFit, TransferFit, estimate_steps, fit_prefill, fit_steps, fit_transfers
+from tracer.report.goodput import GoodputResult, search_goodput
+from tracer.report.load import RequestTable, TraceData, load_traces
+from tracer.report.simulate import SLO, Costs, Layout, TransferCosts, Workload, simulate
+
+# Stated as assumptions whenever they are used.
+DEFAULT_LINK_GBPS = 100.0
+DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
+DEFAULT_TRANSFER_CONSTANT_S = 0.002
+DEFAULT_CHUNK_BUDGETS_TOKENS = (256, 512, 1024, 2048)
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    slo: SLO
+    gpus: int | None = None  # None: the workers seen in the traces
+    link_gbps: float | None = None  # per prefill worker; None: measured on transfers, else DEFAULT_LINK_GBPS
+    kv_bytes_per_token: float | None = None  # None: measured on transfers, else the default
+    window_s: float | None = None  # hysteresis windows; None: the whole trace is one window
+    margin: float = 0.15
+    skip_bad: bool = False
+    sim_requests: int = 300  # requests resampled per simulation
+    seed: int = 0
+    min_requests: int = 20  # per window
+    min_steps: int = 50
+    chunk_budgets_tokens: tuple[int, ...] = DEFAULT_CHUNK_BUDGETS_TOKENS
+    extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None and self.gpus < 1:
+            raise ValueError("--gpus must be at least 1")
+        for name in ("link_gbps", "kv_bytes_per_token", "window_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.margin < 0:
+            raise ValueError("margin must not be negative")
+
+
+@dataclass
+class Measured:
+    requests: int
+    failed: int
+    rate_per_s: float
+    ttft_s: dict[str, float]  # p50/p90/p99
+    itl_s: dict[str, float]  # of the per-request ITL statistic chosen by the SLO
+    tpot_s: dict[str, float]
+    attainment: float
+    stage_mean_s: dict[str, float]
+    prompt_tokens_mean: float
+
+
+@dataclass
+class OptionResult:
+    label: str
+    mode: str
+    ratio: str | None
+    chunk_budget_tokens: int | None
+    gpus: int
+    rate_per_s: float
+    goodput_per_gpu: float
+
+
+@dataclass
+class WindowResult:
+    start_s: float
+    end_s: float
+    requests: int
+    decision: Decision
+    options: list[OptionResult]
+
+
+@dataclass
+class Report:
+    verdict: str
+    ratio: str | None
+    from_ratio: str | None
+    chunk_budget_tokens: int | None
+    current: Layout | None
+    recommended: Layout | None
+    slo: SLO
+    margin: float
+    goodput: list[OptionResult]
+    fits: dict[str, Any]
+    evidence: list[str]
+    assumptions: list[str]
+    measured: Measured | None
+    network: dict[str, float]
+    windows: list[WindowResult]
+    read: dict[str, Any]
+    win_margin: float | None = None
+    data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
+    step_fit: StepFit | None = field(default=None, repr=False)
+
+
+def _quantiles(values: np.ndarray) -> dict[str, float]:
+    values = values[~np.isnan(values)]
+    if not len(values):
+        return {}
+    p50, p90, p99 = np.percentile(values, (50, 90, 99))
+    return {"p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+def measure(requests: RequestTable, slo: SLO) -> Measured:
+    """Per-request TTFT, gaps and SLO attainment as the traces recorded them (failed requests miss)."""
+    itl = requests.itl(slo.itl_stat)
+    if slo.itl_stat == "mean":
+        itl = np.where(np.isnan(itl), requests.tpot_s, itl)
+    ok = (requests.ttft_s <= slo.ttft_s) & (np.nan_to_num(itl, nan=np.inf) <= slo.itl_s) & ~requests.failed
+    span_s = (requests.arrival_ns.max() - requests.arrival_ns.min()) / 1e9 if len(requests) > 1 else 0.0
+    stages = {
+        "queue": requests.queue_s, "prefill": requests.prefill_s, "kv_transfer": requests.transfer_s, "decode": requests.decode_s,
+    }
+    return Measured(
+        requests=len(requests),
+        failed=int(requests.failed.sum()),
+        rate_per_s=(len(requests) - 1) / span_s if span_s > 0 else 0.0,
+        ttft_s=_quantiles(requests.ttft_s),
+        itl_s=_quantiles(itl),
+        tpot_s=_quantiles(requests.tpot_s),
+        attainment=float(ok.mean()) if len(requests) else 0.0,
+        stage_mean_s={k: float(np.nanmean(v)) for k, v in stages.items() if np.any(~np.isnan(v))},
+        prompt_tokens_mean=float(requests.input_tokens.mean()) if len(requests) else 0.0,
+    )
+
+
+def current_layout(data: TraceData) -> Layout | None:
+    """The deployed layout: distinct workers per pool seen in the window (DESIGN section 7)."""
+    workers = data.workers
+    if workers.get("prefill") and workers.get("decode"):
+        return Layout("disaggregated", prefill_workers=len(workers["prefill"]), decode_workers=len(workers["decode"]))
+    colocated = workers.get("colocated")
+    if not colocated:
+        return None
+    modes = [m for m in data.requests.mode if m]
+    if modes and max(set(modes), key=modes.count) == "chunked":
+        steps = data.steps
+        budget = int((steps.prefill_tokens + steps.decode_requests).max()) if len(steps) else 512
+        return Layout("chunked", workers=len(colocated), chunk_budget_tokens=max(budget, 1))
+    return Layout("colocated", workers=len(colocated))
+
+
+def _workload(requests: RequestTable) -> Workload:
+    arrival = (requests.arrival_ns - requests.arrival_ns.min()) / 1e9
+    return Workload(arrival, requests.input_tokens, requests.cached_tokens, np.maximum(requests.output_tokens, 1))
+
+
+def build_report(paths: Sequence[str | os.PathLike[str]], options: ReportOptions) -> Report:
+    """Read `paths` and decide. Raises TraceFileError / TraceDataError on bad input unless skip_bad."""
+    data = load_traces(paths, skip_bad=options.skip_bad)
+    return report_from_data(data, options)
+
+
+def report_from_data(data: TraceData, options: ReportOptions) -> Report:
+    slo = options.slo
+    assumptions: list[str] = []
+    evidence: list[str] = list(options.extra_evidence)
+    requests = data.requests
+    current = current_layout(data)
+    missing: list[str] = []
+    if len(requests) < options.min_requests:
+        missing.append(f"{len(requests)} requests with a root `text_completion` span; need at least {options.min_requests}")
+    if current is None:
+        missing.append("no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown")
+
+    prefill_fit = fit_prefill(requests)
+    step_fit: StepFit | None = None
+    if len(data.steps) >= options.min_steps:
+        step_fit = fit_steps(data.steps)
+    else:
+        step_fit = estimate_steps(requests, prefill_fit) if len(requests) else None
+        if step_fit is None:
+            missing.append(
+                f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
+            )
+        else:
+            assumptions.append(
+                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from prefill spans and "
+                "decode spans' gaps against the decode batch seen on each worker"
+            )
+    transfer_fit = fit_transfers(data.transfers)
+    transfer = _transfer_costs(options, transfer_fit, assumptions)
+    gpus = options.gpus or (current.gpus if current else 0)
+    if options.gpus is None and current is not None:
+        assumptions.append(f"GPUs = {gpus}, the workers seen in the traces (--gpus to change)")
+    assumptions.append(f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs")
+    assumptions.append(f"requests are routed round-robin; simulations replay {options.sim_requests} requests resampled from the observed ones")
+    measured = measure(requests, slo) if len(requests) else None
+    read = {
+        "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
+        "skipped_spans": data.skipped_spans, "requests": len(requests), "steps": len(data.steps), "transfers": len(data.transfers),
+    }
+    if data.read.skipped_lines or data.skipped_spans:
+        first = data.read.first_error or data.first_skip
+        assumptions.append(f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})")
+    fits = _fits_dict(step_fit, prefill_fit, transfer_fit, transfer)
+
+    if missing or step_fit is None or current is None:
+        decision = insufficient(missing)
+        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, [], fits, evidence + missing,
+                      assumptions, measured, {}, [], read, data=data, step_fit=step_fit)
+
+    costs = Costs(step_fit.costs, transfer)
+    layouts = candidate_layouts(gpus, options.chunk_budgets_tokens)
+    if current.label not in {layout.label for layout in layouts}:
+        layouts.append(current)
+    windows = _windows(data, options)
+    window_results: list[WindowResult] = []
+    for start_ns, end_ns in windows:
+        in_window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns)
+        selected = requests.select(in_window)
+        bounds = ((start_ns - data.start_ns) / 1e9, (end_ns - data.start_ns) / 1e9)
+        if len(selected) < options.min_requests:
+            decision = insufficient([f"window {bounds[0]:.0f}-{bounds[1]:.0f} s: {len(selected)} requests (need {options.min_requests})"])
+            window_results.append(WindowResult(*bounds, len(selected), decision, []))
+            continue
+        observed = _workload(selected)
+        sample = observed.resample(options.sim_requests, options.seed)
+        start_rate = max(observed.rate_per_s, 1e-3)
+        results = [search_goodput(layout, sample, costs, slo, start_rate_per_s=start_rate) for layout in layouts]
+        decision = decide(current, results, options.margin)
+        window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
+    final = combine_windows(current, [w.decision for w in window_results])
+    with_options = [w for w in window_results if w.options]
+    goodput = _mean_options(with_options) if with_options else []
+    network = _network(measured, transfer, transfer_fit, final, goodput)
+    evidence += _evidence(measured, step_fit, prefill_fit, transfer_fit, network, current, final, window_results)
+    evidence += _model_check(current, requests, costs, slo)
+    if final.verdict == "insufficient-data":
+        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + final.reasons,
+                      assumptions, measured, network, window_results, read, data=data, step_fit=step_fit)
+    return Report(
+        verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
+        current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
+        evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
+        win_margin=final.win_margin, data=data, step_fit=step_fit,
+    )
+
+
+def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions: list[str]) -> TransferCosts:
+    if options.kv_bytes_per_token is not None:
+        per_token = options.kv_bytes_per_token
+        assumptions.append(f"KV bytes per token = {per_token:.0f} (--kv-bytes-per-token)")
+    elif fit is not None:
+        per_token = fit.kv_bytes_per_token
+    else:
+        per_token = DEFAULT_KV_BYTES_PER_TOKEN
+        assumptions.append(f"KV bytes per token = {per_token:.0f} (assumed: Llama-3-8B bf16; no transfer observed, no --kv-bytes-per-token)")
+    if options.link_gbps is not None:
+        bandwidth = options.link_gbps * 1e9 / 8
+        assumptions.append(f"link between pools = {options.link_gbps:g} Gb/s per prefill worker (--link-gbps)")
+    elif fit is not None:
+        bandwidth = fit.bandwidth_bytes_per_s
+    else:
+        bandwidth = DEFAULT_LINK_GBPS * 1e9 / 8
+        assumptions.append(f"link between pools = {DEFAULT_LINK_GBPS:g} Gb/s per prefill worker (assumed: no transfer observed, no --link-gbps)")
+    constant = fit.constant_s if fit is not None else DEFAULT_TRANSFER_CONSTANT_S
+    if fit is None:
+        assumptions.append(f"KV transfer constant = {constant * 1e3:g} ms per request (assumed)")
+    return TransferCosts(per_token, bandwidth, constant)
+
+
+def _windows(data: TraceData, options: ReportOptions) -> list[tuple[int, int]]:
+    start, end = data.start_ns, int(data.requests.arrival_ns.max()) + 1
+    if options.window_s is None:
+        return [(start, end)]
+    width = int(options.window_s * 1e9)
+    return [(s, min(s + width, end)) for s in range(start, end, width)]
+
+
+def _option(result: GoodputResult) -> OptionResult:
+    layout = result.layout
+    return OptionResult(layout.label, layout.mode, layout.ratio, layout.chunk_budget_tokens or None, layout.gpus,
+                        result.rate_per_s, result.goodput_per_gpu)
+
+
+def _mean_options(windows: list[WindowResult]) -> list[OptionResult]:
+    out = []
+    for i, first in enumerate(windows[0].options):
+        rates = [w.options[i].rate_per_s for w in windows]
+        per_gpu = [w.options[i].goodput_per_gpu for w in windows]
+        out.append(OptionResult(first.label, first.mode, first.ratio, first.chunk_budget_tokens, first.gpus,
+                                float(np.mean(rates)), float(np.mean(per_gpu))))
+    return out
+
+
+def _network(measured: Measured | None, transfer: TransferCosts, fit: TransferFit | None, decision: Decision,
+             goodput: list[OptionResult]) -> dict[str, float]:
+    """Link bandwidth a split needs (KV bytes produced per second) against what is available."""
+    if measured is None or measured.requests == 0 or measured.rate_per_s <= 0:
+        return {}
+    data_bytes_per_request = transfer.kv_bytes_per_token * measured.prompt_tokens_mean
+    need_gbps = measured.rate_per_s * data_bytes_per_request * 8 / 1e9
+    split = decision.recommended if decision.recommended and decision.recommended.mode == "disaggregated" else None
+    prefill_workers = split.prefill_workers if split else 1
+    out = {
+        "observed_rate_per_s": measured.rate_per_s,
+        "kv_bytes_per_request": data_bytes_per_request,
+        "required_gbps_total": need_gbps,
+        "required_gbps_per_prefill_worker": need_gbps / prefill_workers,
+        "link_gbps_per_prefill_worker": transfer.link_bytes_per_s * 8 / 1e9,
+    }
+    if fit is not None:
+        out["measured_gbps"] = fit.bandwidth_bytes_per_s * 8 / 1e9
+        out["mean_exposed_transfer_s"] = fit.mean_exposed_s
+    return out
+
+
+def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,
+              network: dict[str, float], current: Layout, final: Decision, windows: list[WindowResult]) -> list[str]:
+    lines = [f"current layout: {current.label} ({current.gpus} GPUs)"]
+    if measured is not None:
+        lines.append(
+            f"measured: {measured.requests} requests at {measured.rate_per_s:.3g} req/s, SLO attainment {measured.attainment:.1%}, "
+            f"TTFT p90 {measured.ttft_s.get('p90', float('nan')):.3g} s, per-request ITL p90 {measured.itl_s.get('p90', float('nan')):.3g} s"
+        )
+    c = step_fit.costs
+    lines.append(
+        f"step fit ({step_fit.source}, {step_fit.samples} samples, R^2 {step_fit.r2:.3f}): {c.base_s * 1e3:.3g} ms + "
+        f"{c.context_s_per_token * 1e6:.3g} us/context token + {c.decode_s_per_request * 1e3:.3g} ms/request + "
+        f"{c.prefill_s_per_token * 1e6:.3g} us/prefill token + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
+    )
+    if step_fit.interference_factor is not None:
+        lines.append(f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
+                     f"and context ({step_fit.interference_samples} samples)")
+    if prefill_fit is not None:
+        lines.append(f"prefill fit ({prefill_fit.samples} requests, R^2 {prefill_fit.r2:.3f}): {prefill_fit.a_s * 1e3:.3g} ms + "
+                     f"{prefill_fit.b_s_per_token * 1e6:.3g} us/token + {prefill_fit.c_s_per_token2 * 1e9:.3g} ns/token^2")
+    if transfer_fit is not None:
+        lines.append(f"KV transfers: {transfer_fit.samples} observed, {transfer_fit.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gb/s effective, "
+                     f"{transfer_fit.constant_s * 1e3:.3g} ms constant, {transfer_fit.mean_exposed_s * 1e3:.3g} ms exposed on average")
+    if network:
+        lines.append(
+            f"network: a split needs {network['required_gbps_total']:.3g} Gb/s of KV traffic at the observed rate "
+            f"({network['required_gbps_per_prefill_worker']:.3g} Gb/s per prefill worker) against "
+            f"{network['link_gbps_per_prefill_worker']:.3g} Gb/s per prefill worker"
+        )
+    lines += final.reasons
+    if len(windows) > 1:
+        lines.append("windows: " + "; ".join(f"{w.start_s:.0f}-{w.end_s:.0f} s: {w.decision.verdict}"
+                                             + (f" {w.decision.ratio}" if w.decision.ratio else "") for w in windows))
+    return lines
+
+
+def _model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO) -> list[str]:
+    """The fitted model replaying the observed requests on the current layout, against what was measured."""
+    ok = ~requests.failed
+    if ok.sum() < 2:
+        return []
+    result = simulate(current, _workload(requests.select(ok)), costs, slo)
+    measured_itl = requests.itl(slo.itl_stat)[ok]
+    return [
+        f"model check on the current layout: predicted TTFT p50 {np.median(result.ttft_s):.3g} s vs measured "
+        f"{np.nanmedian(requests.ttft_s[ok]):.3g} s; predicted ITL {slo.itl_stat} p50 {np.median(result.itl(slo.itl_stat)):.3g} s vs "
+        f"measured {np.nanmedian(measured_itl) if np.any(~np.isnan(measured_itl)) else float('nan'):.3g} s"
+    ]
+
+
+def _fits_dict(step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,
+               transfer: TransferCosts) -> dict[str, Any]:
+    fits: dict[str, Any] = {}
+    if step_fit is not None:
+        c = step_fit.costs
+        fits["step"] = {
+            "source": step_fit.source, "samples": step_fit.samples, "r2": step_fit.r2,
+            "base_s": c.base_s, "context_s_per_token": c.context_s_per_token, "decode_s_per_request": c.decode_s_per_request,
+            "prefill_s_per_token": c.prefill_s_per_token, "prefill_s_per_token2": c.prefill_s_per_token2,
+        }
+        fits["interference_factor"] = step_fit.interference_factor
+    if prefill_fit is not None:
+        fits["prefill"] = {"a_s": prefill_fit.a_s, "b_s_per_token": prefill_fit.b_s_per_token,
+                           "c_s_per_token2": prefill_fit.c_s_per_token2, "r2": prefill_fit.r2, "samples": prefill_fit.samples}
+    fits["transfer"] = {
+        "observed": transfer_fit is not None,
+        "bandwidth_gbps": transfer.link_bytes_per_s * 8 / 1e9,
+        "constant_s": transfer.constant_s,
+        "kv_bytes_per_token": transfer.kv_bytes_per_token,
+        "mean_exposed_s": transfer_fit.mean_exposed_s if transfer_fit else None,
+        "samples": transfer_fit.samples if transfer_fit else 0,
+    }
+    return fits

@@ -1,0 +1,162 @@
+"""Cost fits from traces: step time, prefill time, interference, KV transfer (numpy least squares).
+
+Forms (DistServe): prefill = a + b*L + c*L^2 over uncached prompt tokens L; decode step =
+a + b*sum(context) + c*batch; a mixed step adds the prefill part of its prefill tokens, so the
+interference factor (mixed step over the decode-only step at equal batch and context) falls out.
+Coefficients are kept non-negative by refitting without any term that comes out negative.
+
+Without step spans (the sidecar's vLLM adapter) the step model is ESTIMATED: the prefill part from prefill
+spans, the decode part from each decode span's median gap against the batch seen on its worker at the
+time, and the interference from decode gaps (max over median) while prefills ran on the same worker.
+`StepFit.source` says which, and the report prints it as an assumption. Pure computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracer.report.load import RequestTable, StepTable, TransferTable
+from tracer.report.simulate import StepCosts
+
+_STEP_TERMS = ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2")
+
+
+@dataclass(frozen=True)
+class LinearFit:
+    coefficients: np.ndarray
+    r2: float
+    samples: int
+
+
+def fit_nonnegative(features: np.ndarray, target: np.ndarray) -> LinearFit:
+    """Least squares of `target` on the columns of `features`, dropping columns whose coefficient is negative
+    (refit until none is). Columns never seen non-zero are dropped up front (their coefficient is 0)."""
+    n, k = features.shape
+    active = [j for j in range(k) if np.any(features[:, j] != 0)]
+    coefficients = np.zeros(k)
+    while active:
+        solution, *_ = np.linalg.lstsq(features[:, active], target, rcond=None)
+        negative = [active[i] for i, value in enumerate(solution) if value < 0]
+        if not negative:
+            coefficients[active] = solution
+            break
+        worst = active[int(np.argmin(solution))]
+        active.remove(worst)
+    predicted = features @ coefficients
+    residual = float(np.sum((target - predicted) ** 2))
+    total = float(np.sum((target - target.mean()) ** 2)) if n else 0.0
+    return LinearFit(coefficients, 1.0 - residual / total if total > 0 else 1.0, n)
+
+
+@dataclass(frozen=True)
+class StepFit:
+    costs: StepCosts
+    source: str  # "step spans" | "estimated from request spans"
+    r2: float
+    samples: int
+    interference_factor: float | None  # observed mean (mixed step / decode-only step at equal batch, context)
+    interference_samples: int
+    mixed_steps: int
+
+
+def fit_steps(steps: StepTable) -> StepFit:
+    """Fit `StepCosts` to observed step spans (every pool together: they share the hardware)."""
+    p = steps.prefill_tokens.astype(float)
+    features = np.column_stack(
+        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, p * p]
+    )
+    fit = fit_nonnegative(features, steps.duration_s)
+    costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
+    mixed = (steps.prefill_tokens > 0) & (steps.decode_requests > 0)
+    factor = None
+    if mixed.any():
+        decode_part = (
+            costs.base_s
+            + costs.context_s_per_token * steps.context_tokens[mixed]
+            + costs.decode_s_per_request * steps.decode_requests[mixed]
+        )
+        factor = float(np.mean(steps.duration_s[mixed] / np.maximum(decode_part, 1e-9)))
+    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()))
+
+
+@dataclass(frozen=True)
+class PrefillFit:
+    """prefill_s = a_s + b_s_per_token * L + c_s_per_token2 * L^2 over uncached tokens (DistServe's form)."""
+
+    a_s: float
+    b_s_per_token: float
+    c_s_per_token2: float
+    r2: float
+    samples: int
+
+
+def fit_prefill(requests: RequestTable) -> PrefillFit | None:
+    ok = ~np.isnan(requests.prefill_s) & ~requests.failed
+    if ok.sum() < 3:
+        return None
+    tokens = np.maximum(requests.input_tokens[ok] - requests.cached_tokens[ok], 1).astype(float)
+    fit = fit_nonnegative(np.column_stack([np.ones(len(tokens)), tokens, tokens * tokens]), requests.prefill_s[ok])
+    a, b, c = (float(x) for x in fit.coefficients)
+    return PrefillFit(a, b, c, fit.r2, fit.samples)
+
+
+def estimate_steps(requests: RequestTable, prefill: PrefillFit | None) -> StepFit | None:
+    """The step model without step spans (see module docstring). None when the spans cannot support it."""
+    has_decode = (requests.decode_end_ns > requests.decode_start_ns) & (requests.output_tokens > 1) & ~requests.failed
+    if has_decode.sum() < 3 or prefill is None:
+        return None
+    gap_s = requests.itl_p50_s.copy()
+    tpot = (requests.decode_end_ns - requests.decode_start_ns) / 1e9 / np.maximum(requests.output_tokens - 1, 1)
+    gap_s = np.where(np.isnan(gap_s), tpot, gap_s)
+    batch = np.zeros(len(requests))
+    context = np.zeros(len(requests))
+    interference: list[float] = []
+    for worker in set(requests.decode_worker[has_decode]):
+        on_worker = has_decode & (requests.decode_worker == worker)
+        starts = np.sort(requests.decode_start_ns[on_worker])
+        ends = np.sort(requests.decode_end_ns[on_worker])
+        middle = (requests.decode_start_ns[on_worker] + requests.decode_end_ns[on_worker]) // 2
+        concurrent = np.searchsorted(starts, middle, side="right") - np.searchsorted(ends, middle, side="right")
+        batch[on_worker] = np.maximum(concurrent, 1)
+        mean_context = float(np.mean(requests.input_tokens[on_worker] + requests.output_tokens[on_worker] / 2))
+        context[on_worker] = batch[on_worker] * mean_context
+        # Decode spans that overlapped a prefill on the same worker: their worst gap over their median gap.
+        prefill_here = requests.prefill_worker == worker
+        p_start = np.sort(requests.prefill_start_ns[prefill_here])
+        p_end = np.sort(requests.prefill_end_ns[prefill_here])
+        for i in np.flatnonzero(on_worker):
+            overlapping = np.searchsorted(p_start, requests.decode_end_ns[i]) - np.searchsorted(p_end, requests.decode_start_ns[i])
+            if overlapping > 0 and requests.itl_max_s[i] > 0 and requests.itl_p50_s[i] > 0:
+                interference.append(float(requests.itl_max_s[i] / requests.itl_p50_s[i]))
+    use = has_decode & ~np.isnan(gap_s)
+    fit = fit_nonnegative(np.column_stack([np.ones(use.sum()), context[use], batch[use]]), gap_s[use])
+    base, per_context, per_request = (float(x) for x in fit.coefficients)
+    costs = StepCosts(base, per_context, per_request, prefill.b_s_per_token, prefill.c_s_per_token2)
+    factor = float(np.median(interference)) if interference else None
+    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(interference), 0)
+
+
+@dataclass(frozen=True)
+class TransferFit:
+    """Observed KV transfers: wire_s = constant_s + bytes / bandwidth_bytes_per_s."""
+
+    bandwidth_bytes_per_s: float
+    constant_s: float
+    kv_bytes_per_token: float
+    mean_exposed_s: float
+    samples: int
+
+
+def fit_transfers(transfers: TransferTable) -> TransferFit | None:
+    if len(transfers) == 0:
+        return None
+    per_token = float(np.median(transfers.kv_bytes / np.maximum(transfers.prompt_tokens, 1)))
+    bandwidth = float(transfers.kv_bytes.sum() / max(transfers.wire_s.sum(), 1e-12))
+    constant = 0.0
+    if len(transfers) >= 3 and np.ptp(transfers.kv_bytes) > 0:
+        fit = fit_nonnegative(np.column_stack([np.ones(len(transfers)), transfers.kv_bytes]), transfers.wire_s)
+        if fit.coefficients[1] > 0:
+            constant, bandwidth = float(fit.coefficients[0]), 1.0 / float(fit.coefficients[1])
+    return TransferFit(bandwidth, constant, per_token, float(transfers.exposed_s.mean()), len(transfers))

@@ -1,0 +1,356 @@
+"""Trace spans -> per-request, per-step and per-transfer columns (numpy), and the current layout.
+
+One pass over `tracer.traces.iter_spans`; only the attributes the report uses are kept, in flat lists
+turned into arrays at the end, so a million spans fit in a few hundred MB. Blocking file I/O.
+
+A span that lacks an attribute the report needs (or carries one of the wrong type) is a bad record:
+`TraceDataError` names the file, the record's line, the span and the attribute; with `skip_bad` it is
+skipped and counted instead, like a bad line.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tracer.traces import STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
+
+ROOT_PREFIX = "text_completion"
+POOLS = ("colocated", "prefill", "decode")
+
+
+class TraceDataError(ValueError):
+    """A span without an attribute the report needs; the message names file, line, span and attribute."""
+
+
+@dataclass
+class RequestTable:
+    """One row per request trace that has a root span. Times in Unix ns or seconds as named; NaN = absent."""
+
+    arrival_ns: np.ndarray
+    end_ns: np.ndarray
+    input_tokens: np.ndarray
+    cached_tokens: np.ndarray
+    output_tokens: np.ndarray
+    failed: np.ndarray  # bool
+    ttft_s: np.ndarray
+    itl_p50_s: np.ndarray
+    itl_p99_s: np.ndarray
+    itl_max_s: np.ndarray
+    itl_mean_s: np.ndarray
+    queue_s: np.ndarray
+    prefill_s: np.ndarray
+    transfer_s: np.ndarray
+    decode_s: np.ndarray
+    decode_start_ns: np.ndarray
+    decode_end_ns: np.ndarray
+    prefill_start_ns: np.ndarray
+    prefill_end_ns: np.ndarray
+    prefill_worker: np.ndarray  # object: worker name or ""
+    decode_worker: np.ndarray  # object: worker name or ""
+    mode: np.ndarray  # object: splitscope.mode
+
+    def __len__(self) -> int:
+        return len(self.arrival_ns)
+
+    def select(self, mask: np.ndarray) -> RequestTable:
+        return RequestTable(**{name: getattr(self, name)[mask] for name in self.__dataclass_fields__})
+
+    @property
+    def e2e_s(self) -> np.ndarray:
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    @property
+    def tpot_s(self) -> np.ndarray:
+        """Time per output token after the first (NaN for one-token requests)."""
+        tokens = self.output_tokens - 1
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(tokens > 0, (self.e2e_s - self.ttft_s) / np.maximum(tokens, 1), np.nan)
+
+    def itl(self, stat: str) -> np.ndarray:
+        return {"p99": self.itl_p99_s, "max": self.itl_max_s, "mean": self.itl_mean_s}[stat]
+
+
+@dataclass
+class StepTable:
+    start_ns: np.ndarray
+    duration_s: np.ndarray
+    pool: np.ndarray  # object
+    worker: np.ndarray  # object
+    decode_requests: np.ndarray
+    prefill_tokens: np.ndarray
+    context_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def select(self, mask: np.ndarray) -> StepTable:
+        return StepTable(**{name: getattr(self, name)[mask] for name in self.__dataclass_fields__})
+
+
+@dataclass
+class TransferTable:
+    """Observed KV transfers: the whole stage (`exposed_s`, prefill end to KV ready) and its wire part."""
+
+    kv_bytes: np.ndarray
+    exposed_s: np.ndarray
+    wire_s: np.ndarray  # the .send span's duration where present, else the stage's
+    prompt_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.kv_bytes)
+
+
+@dataclass
+class TraceData:
+    requests: RequestTable
+    steps: StepTable
+    transfers: TransferTable
+    workers: dict[str, list[str]]  # pool -> distinct worker names seen
+    models: list[str]
+    read: ReadStats
+    skipped_spans: int = 0
+    first_skip: str | None = None
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def start_ns(self) -> int:
+        return int(self.requests.arrival_ns.min()) if len(self.requests) else 0
+
+    @property
+    def end_ns(self) -> int:
+        return int(self.requests.end_ns.max()) if len(self.requests) else 0
+
+
+_NAN = float("nan")
+
+
+def _number(span: Span, key: str, where: str, required: bool = True) -> float:
+    value = span.attributes.get(key)
+    if value is None:
+        if required:
+            raise TraceDataError(f"{where}: span {span.name!r} lacks attribute {key!r}")
+        return _NAN
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TraceDataError(f"{where}: span {span.name!r} attribute {key!r} is not a number: {value!r}")
+    return value
+
+
+def _text(span: Span, key: str, where: str) -> str:
+    value = span.attributes.get(key)
+    if not isinstance(value, str) or not value:
+        raise TraceDataError(f"{where}: span {span.name!r} lacks attribute {key!r}")
+    return value
+
+
+class _Request:
+    __slots__ = (
+        "root", "queue", "prefill", "transfer", "send", "decode",
+    )
+
+    def __init__(self) -> None:
+        self.root: tuple | None = None
+        self.queue: float = _NAN
+        self.prefill: tuple | None = None
+        self.transfer: tuple | None = None
+        self.send: float = _NAN
+        self.decode: tuple | None = None
+
+
+def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = False) -> TraceData:
+    """Read every span of `paths` into tables. Raises TraceFileError (bad line) or TraceDataError (a span
+    missing what the report needs) unless `skip_bad`, which skips and counts them."""
+    total = ReadStats()
+    requests: dict[str, _Request] = {}
+    steps: tuple[list, ...] = ([], [], [], [], [], [], [])
+    workers: dict[str, set[str]] = {}
+    models: set[str] = set()
+    skipped = 0
+    first_skip: str | None = None
+    for path in paths:
+        stats = ReadStats()
+        try:
+            for span in iter_spans([path], skip_bad=skip_bad, stats=stats):
+                try:
+                    _take(span, requests, steps, workers, models, f"{path}:{stats.lines}")
+                except TraceDataError as exc:
+                    if not skip_bad:
+                        raise
+                    skipped += 1
+                    first_skip = first_skip or str(exc)
+        except FileNotFoundError:
+            raise TraceFileError(str(path), 0, "no such file") from None
+        total.lines += stats.lines
+        total.spans += stats.spans
+        total.skipped_lines += stats.skipped_lines
+        total.first_error = total.first_error or stats.first_error
+    return TraceData(
+        requests=_request_table(requests),
+        steps=StepTable(
+            start_ns=np.asarray(steps[0], dtype=np.int64),
+            duration_s=np.asarray(steps[1], dtype=float),
+            pool=np.asarray(steps[2], dtype=object),
+            worker=np.asarray(steps[3], dtype=object),
+            decode_requests=np.asarray(steps[4], dtype=np.int64),
+            prefill_tokens=np.asarray(steps[5], dtype=np.int64),
+            context_tokens=np.asarray(steps[6], dtype=np.int64),
+        ),
+        transfers=_transfer_table(requests),
+        workers={pool: sorted(names) for pool, names in workers.items()},
+        models=sorted(models),
+        read=total,
+        skipped_spans=skipped,
+        first_skip=first_skip,
+        files=[str(p) for p in paths],
+    )
+
+
+def _take(
+    span: Span,
+    requests: dict[str, _Request],
+    steps: tuple[list, ...],
+    workers: dict[str, set[str]],
+    models: set[str],
+    where: str,
+) -> None:
+    name = span.name
+    if name == "splitscope.step":
+        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+        row = (
+            span.start_ns,
+            (span.end_ns - span.start_ns) / 1e9,
+            pool,
+            worker,
+            int(_number(span, "splitscope.step.decode_requests", where)),
+            int(_number(span, "splitscope.step.prefill_tokens", where)),
+            int(_number(span, "splitscope.step.context_tokens", where)),
+        )
+        for column, value in zip(steps, row):
+            column.append(value)
+        workers.setdefault(pool, set()).add(worker)
+        return
+    if name.startswith(ROOT_PREFIX) and not span.parent_span_id:
+        attrs = span.attributes
+        model = attrs.get("gen_ai.request.model")
+        if isinstance(model, str):
+            models.add(model)
+        root = (
+            span.start_ns,
+            span.end_ns,
+            int(_number(span, "gen_ai.usage.input_tokens", where)),
+            int(_number(span, "gen_ai.usage.output_tokens", where)),
+            span.status_code == STATUS_ERROR or "error.type" in attrs,
+            _number(span, "splitscope.ttft_s", where, False),
+            _number(span, "splitscope.itl_p99_s", where, False),
+            _number(span, "splitscope.itl_max_s", where, False),
+            _number(span, "splitscope.itl_mean_s", where, False),
+            str(attrs.get("splitscope.mode", "")),
+        )
+        _request(requests, span).root = root
+        return
+    if not name.startswith("splitscope."):
+        return
+    if name == "splitscope.queue":
+        _request(requests, span).queue = span.duration_s
+    elif name == "splitscope.prefill":
+        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+        workers.setdefault(pool, set()).add(worker)
+        _request(requests, span).prefill = (
+            span.start_ns,
+            span.end_ns,
+            int(_number(span, "splitscope.prefill.tokens", where)),
+            int(_number(span, "splitscope.prefill.cached_tokens", where, False) or 0),
+            worker,
+        )
+    elif name == "splitscope.kv_transfer":
+        _request(requests, span).transfer = (span.duration_s, int(_number(span, "splitscope.kv.bytes", where)))
+    elif name == "splitscope.kv_transfer.send":
+        _request(requests, span).send = span.duration_s
+    elif name == "splitscope.decode":
+        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+        workers.setdefault(pool, set()).add(worker)
+        _request(requests, span).decode = (
+            span.start_ns,
+            span.end_ns,
+            worker,
+            _number(span, "splitscope.decode.itl_p50_s", where, False),
+            _number(span, "splitscope.decode.itl_p99_s", where, False),
+            _number(span, "splitscope.decode.itl_max_s", where, False),
+        )
+
+
+def _request(requests: dict[str, _Request], span: Span) -> _Request:
+    request = requests.get(span.trace_id)
+    if request is None:
+        request = requests[span.trace_id] = _Request()
+    return request
+
+
+def _request_table(requests: dict[str, _Request]) -> RequestTable:
+    rows = [r for r in requests.values() if r.root is not None]
+    rows.sort(key=lambda r: r.root[0])  # type: ignore[index]
+    n = len(rows)
+    col: dict[str, Any] = {
+        name: np.full(n, np.nan)
+        for name in ("ttft_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "queue_s", "prefill_s", "transfer_s", "decode_s")
+    }
+    ints = {name: np.zeros(n, dtype=np.int64) for name in (
+        "arrival_ns", "end_ns", "input_tokens", "cached_tokens", "output_tokens",
+        "decode_start_ns", "decode_end_ns", "prefill_start_ns", "prefill_end_ns",
+    )}
+    failed = np.zeros(n, dtype=bool)
+    prefill_worker = np.full(n, "", dtype=object)
+    decode_worker = np.full(n, "", dtype=object)
+    mode = np.full(n, "", dtype=object)
+    for i, r in enumerate(rows):
+        start, end, inp, out, err, ttft, p99, mx, mean, m = r.root  # type: ignore[misc]
+        ints["arrival_ns"][i], ints["end_ns"][i] = start, end
+        ints["input_tokens"][i], ints["output_tokens"][i] = inp, out
+        failed[i], mode[i] = err, m
+        col["itl_p99_s"][i], col["itl_max_s"][i], col["itl_mean_s"][i] = p99, mx, mean
+        col["queue_s"][i] = r.queue
+        first_token_ns = None
+        if r.prefill is not None:
+            p_start, p_end, _tokens, cached, worker = r.prefill
+            ints["prefill_start_ns"][i], ints["prefill_end_ns"][i] = p_start, p_end
+            ints["cached_tokens"][i] = cached
+            col["prefill_s"][i] = (p_end - p_start) / 1e9
+            prefill_worker[i] = worker
+            first_token_ns = p_end
+        if r.transfer is not None:
+            col["transfer_s"][i] = r.transfer[0]
+            if first_token_ns is not None:
+                first_token_ns += int(r.transfer[0] * 1e9)
+        if r.decode is not None:
+            d_start, d_end, worker, p50, d_p99, d_max = r.decode
+            ints["decode_start_ns"][i], ints["decode_end_ns"][i] = d_start, d_end
+            col["decode_s"][i] = (d_end - d_start) / 1e9
+            decode_worker[i] = worker
+            col["itl_p50_s"][i] = p50
+            # The router's figures win; the decode span's stand in when the root lacks them.
+            if np.isnan(col["itl_p99_s"][i]):
+                col["itl_p99_s"][i] = d_p99
+            if np.isnan(col["itl_max_s"][i]):
+                col["itl_max_s"][i] = d_max
+        if not np.isnan(ttft):
+            col["ttft_s"][i] = ttft
+        elif first_token_ns is not None:
+            col["ttft_s"][i] = (first_token_ns - start) / 1e9
+        if out <= 1:  # no second token, no gap: nothing to miss
+            for name in ("itl_p99_s", "itl_max_s", "itl_mean_s"):
+                if np.isnan(col[name][i]):
+                    col[name][i] = 0.0
+    return RequestTable(failed=failed, prefill_worker=prefill_worker, decode_worker=decode_worker, mode=mode, **ints, **col)
+
+
+def _transfer_table(requests: dict[str, _Request]) -> TransferTable:
+    rows = [r for r in requests.values() if r.transfer is not None]
+    kv_bytes = np.array([r.transfer[1] for r in rows], dtype=float)  # type: ignore[index]
+    exposed = np.array([r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]
+    wire = np.array([r.send if not np.isnan(r.send) else r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]
+    prompts = np.array([r.root[2] if r.root else (r.prefill[2] if r.prefill else 0) for r in rows], dtype=float)
+    return TransferTable(kv_bytes, exposed, wire, prompts)
