@@ -11,6 +11,7 @@ OpenAI `user` field (the load generator's session), so a replay file scripts fau
   "stall"       one chunk, then nothing until the server stops (the client's timeout fires)
   "badjson"     one chunk, then an event that is not JSON
   "error"       one chunk, then an OpenAI-style error event
+  "hugeline"    one chunk, then a 1 MiB event line (beyond what a client should buffer)
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class FakeCompletionsServer:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         n_tokens = int(body["max_tokens"])
-        if behaviour in ("close", "stall", "badjson", "error"):
+        if behaviour in ("close", "stall", "badjson", "error", "hugeline"):
             n_tokens = {"close": 2}.get(behaviour, 1)
         ttft_s = self.slow_ttft_s if behaviour == "slow" else self.ttft_s
         for i in range(n_tokens):
@@ -97,6 +98,9 @@ class FakeCompletionsServer:
             return response
         if behaviour == "badjson":
             await response.write(b"data: {not json\n\n")
+            return response
+        if behaviour == "hugeline":
+            await response.write(b"data: " + b"x" * (1 << 20) + b"\n\n")
             return response
         if behaviour == "error":
             await _event(response, {"error": {"message": "engine died", "code": 500}})

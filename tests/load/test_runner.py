@@ -116,19 +116,21 @@ def test_arrivals_never_wait_on_responses(fake_server, tmp_path) -> None:
 
 
 def test_errors_are_counted_by_kind_and_the_run_completes(fake_server, tmp_path) -> None:
-    behaviours = ["ok", "http500", "http400", "close", "stall", "badjson", "error", "ok"]
+    behaviours = ["ok", "http500", "http400", "close", "stall", "badjson", "error", "hugeline", "ok"]
     rows = [[0.01 * i, 6, 4, b] for i, b in enumerate(behaviours)]
     config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.3, seed=5)
     result = run_load_sync(config)
 
     kinds = [r.error_kind for r in result.records]
-    assert kinds == [None, "http_5xx", "http_4xx", "stream_closed", "timeout", "bad_event", "bad_event", None]
+    assert kinds == [None, "http_5xx", "http_4xx", "stream_closed", "timeout", "bad_event", "bad_event", "bad_event",
+                     None]
     assert result.records[1].http_status == 500 and "boom" in result.records[1].error_detail
     assert result.records[3].output_chunks == 2  # what arrived before the cut is kept
     summary = result.summary
-    assert (summary.scheduled, summary.sent, summary.ok, summary.errors) == (8, 8, 2, 6)
+    assert "too long" in result.records[7].error_detail
+    assert (summary.scheduled, summary.sent, summary.ok, summary.errors) == (9, 9, 2, 7)
     assert summary.errors_by_kind == {"http_4xx": 1, "http_5xx": 1, "connect": 0, "stream_closed": 1,
-                                      "timeout": 1, "bad_event": 2}
+                                      "timeout": 1, "bad_event": 3}
     assert summary.latency["ttft_s"].count == 2  # percentiles cover successful requests only
 
 
