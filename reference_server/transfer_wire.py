@@ -1,0 +1,487 @@
+"""KV transfer wire format, schema v1: framing, message schemas and their strict validation.
+
+A frame is ``MAGIC (4 bytes) | body length (uint32, big-endian) | body`` where the body is one UTF-8 JSON
+object of at most ``MAX_HEADER_BYTES``. Raw KV bytes follow a ``kv`` header frame and are never framed as
+JSON. Nothing here unpickles anything: a pickle (or any other foreign bytes) fails the magic check.
+
+One KV stream, sender S and receiver R (each stream is one TCP connection)::
+
+    S -> R  kv header      (request id, traceparent, dtype, layout, block positions, sizes, checksum algo)
+    R -> S  ready | error  (blocks allocated, or why not; no KV byte is sent before "ready")
+    S -> R  nbytes of raw KV, block after block, then a kv_end trailer (checksum of the stream's bytes)
+    S <- R  done | error
+
+Clock exchange on the same connections: ``clock {t0}`` answered by ``clock_reply {t1, t2}``.
+
+This module does framing and validation only; threads, sockets' lifetimes and pools live in transfer.py.
+It does not import torch.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+import socket
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+MAGIC = b"SSKV"
+WIRE_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_STREAMS = 64
+MAX_REQUEST_ID_CHARS = 256
+MAX_TOKEN_CHARS = 1024
+MAX_DETAIL_CHARS = 500
+# XXH3 rather than zlib.crc32: about 7x faster here (bench/kv_transfer.py prints both), and a checksum pass
+# on each side is the only per-byte CPU cost besides the kernel's copies. It detects corruption; it is
+# not a MAC (the token, not the checksum, is what authenticates a peer).
+CHECKSUM_ALGORITHM = "xxh3_64"
+
+# Element size per dtype name (torch's names, without "torch."). Anything else is refused.
+ALLOWED_DTYPES: dict[str, int] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
+
+# Labels of splitscope_kv_transfer_failures_total{reason}; bind one metric child per label at start.
+FAILURE_REASONS: tuple[str, ...] = (
+    "checksum",  # bytes arrived but do not match the sender's checksum
+    "connection",  # a connection could not be made, or dropped mid-transfer
+    "timeout",  # a socket operation or the whole transfer ran past its deadline
+    "refused",  # the receiver is out of blocks, connections or transfer slots, or rejected the result
+    "unauthorized",  # the shared-secret token is missing or wrong
+    "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
+)
+
+_PREFIX = struct.Struct("!4sI")
+_TRANSFER_ID = re.compile(r"[0-9a-f]{32}")
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_MAX_INT64 = (1 << 63) - 1
+_MAX_UINT64 = (1 << 64) - 1
+_MAX_DIM = 1 << 20
+
+
+class KVTransferError(Exception):
+    """A KV transfer failed; ``reason`` is one of FAILURE_REASONS (the metric label), ``detail`` says why."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        if reason not in FAILURE_REASONS:
+            raise ValueError(f"unknown KV transfer failure reason {reason!r}; expected one of {FAILURE_REASONS}")
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"KV transfer failed ({reason}): {detail}" if detail else f"KV transfer failed ({reason})")
+
+
+def new_checksum() -> xxhash.xxh3_64:
+    """A running checksum; ``update(buffer)`` releases the GIL for buffers above 64 KiB."""
+    return xxhash.xxh3_64()
+
+
+# ---------------------------------------------------------------------------------------------- framing
+
+
+def encode_frame(message: dict[str, Any]) -> bytes:
+    """One frame for ``message``. Raises ValueError (a caller's bug) if it is not JSON or is too large."""
+    try:
+        body = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"KV transfer header is not plain JSON: {exc}") from exc
+    if len(body) > MAX_HEADER_BYTES:
+        raise ValueError(f"KV transfer header is {len(body)} bytes, over the {MAX_HEADER_BYTES}-byte limit")
+    return _PREFIX.pack(MAGIC, len(body)) + body
+
+
+def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Send one frame; blocking, under the socket's timeout. OSError propagates (see ``io_errors``)."""
+    sock.sendall(encode_frame(message))
+
+
+def read_frame(sock: socket.socket, *, eof_ok: bool = False) -> dict[str, Any] | None:
+    """Read one frame and parse its body; blocking, under the socket's timeout.
+
+    Returns None only when ``eof_ok`` and the peer closed cleanly before the first byte of a frame.
+    Raises KVTransferError: ``bad_header`` (bad magic, oversize, not a JSON object), ``connection``
+    (closed mid-frame), ``timeout``. At most MAX_HEADER_BYTES are buffered, and only after the length
+    prefix was checked.
+    """
+    prefix = bytearray(_PREFIX.size)
+    with io_errors():
+        if not recv_exactly_into(sock, memoryview(prefix), eof_ok=eof_ok):
+            return None
+    magic, length = _PREFIX.unpack(prefix)
+    if magic != MAGIC:
+        hint = " (looks like a pickle, which is never accepted)" if prefix[:1] == b"\x80" else ""
+        raise KVTransferError("bad_header", f"not a splitscope KV frame: bad magic {bytes(prefix[:4])!r}{hint}")
+    if length > MAX_HEADER_BYTES:
+        raise KVTransferError("bad_header", f"header of {length} bytes is over the {MAX_HEADER_BYTES}-byte limit")
+    body = bytearray(length)
+    with io_errors():
+        recv_exactly_into(sock, memoryview(body))
+    return parse_frame_body(bytes(body))
+
+
+def parse_frame_body(body: bytes) -> dict[str, Any]:
+    """Strict JSON: UTF-8, one object, no duplicate keys, no NaN/Infinity. Raises KVTransferError(bad_header)."""
+    try:
+        message = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise KVTransferError("bad_header", f"header is not valid JSON: {_clip(str(exc))}") from None
+    except RecursionError:
+        raise KVTransferError("bad_header", "header JSON is nested too deeply") from None
+    if not isinstance(message, dict):
+        raise KVTransferError("bad_header", f"header must be a JSON object, got {type(message).__name__}")
+    return message
+
+
+def recv_exactly_into(
+    sock: socket.socket,
+    view: memoryview,
+    *,
+    eof_ok: bool = False,
+    should_abort: Callable[[], bool] | None = None,
+) -> bool:
+    """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copy); blocking, socket timeout applies.
+
+    Returns False only if ``eof_ok`` and the peer closed before the first byte. Raises ConnectionError on
+    EOF mid-buffer; OSError/TimeoutError as the socket raises them. ``should_abort`` is polled between
+    ``recv_into`` calls; when it returns True the read stops with ``TransferAborted``.
+    """
+    received = 0
+    size = len(view)
+    while received < size:
+        if should_abort is not None and should_abort():
+            raise TransferAborted()
+        count = sock.recv_into(view[received:])
+        if count == 0:
+            if received == 0 and eof_ok:
+                return False
+            raise ConnectionError(f"peer closed the connection after {received} of {size} bytes")
+        received += count
+    return True
+
+
+class TransferAborted(Exception):
+    """Raised inside a stream's receive loop when another stream of the same transfer already failed."""
+
+
+@contextmanager
+def io_errors() -> Iterator[None]:
+    """Map socket errors to KVTransferError: TimeoutError -> ``timeout``, other OSError -> ``connection``."""
+    try:
+        yield
+    except TimeoutError as exc:
+        raise KVTransferError("timeout", str(exc) or "socket timed out") from exc
+    except OSError as exc:
+        raise KVTransferError("connection", str(exc) or type(exc).__name__) from exc
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
+# ---------------------------------------------------------------------------------------------- layout
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """Shape of one KV block, ``[2, n_layers, block_tokens, n_kv_heads, head_dim]``, its dtype, and the pool size."""
+
+    dtype: str
+    block_shape: tuple[int, ...]
+    num_blocks: int
+
+    @property
+    def block_bytes(self) -> int:
+        size = ALLOWED_DTYPES[self.dtype]
+        for dim in self.block_shape:
+            size *= dim
+        return size
+
+    @property
+    def block_tokens(self) -> int:
+        return self.block_shape[2]
+
+
+# ---------------------------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class StreamHeader:
+    """The ``kv`` frame that opens one stream. ``positions`` index the request's block list (0..n_blocks-1);
+    destination block ids are chosen by the receiver. Clock fields: receiver clock minus sender clock."""
+
+    transfer_id: str
+    request_id: str
+    traceparent: str | None
+    dtype: str
+    block_shape: tuple[int, ...]
+    block_bytes: int
+    n_blocks: int
+    n_streams: int
+    stream: int
+    positions: tuple[int, ...]
+    src_block_ids: tuple[int, ...]
+    nbytes: int
+    sent_wall_ns: int
+    clock_offset_ns: int
+    clock_delay_ns: int
+    meta: dict[str, Any]
+    token: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "v": WIRE_VERSION,
+            "type": "kv",
+            "transfer_id": self.transfer_id,
+            "request_id": self.request_id,
+            "traceparent": self.traceparent,
+            "dtype": self.dtype,
+            "layout": {"block_shape": list(self.block_shape)},
+            "block_bytes": self.block_bytes,
+            "n_blocks": self.n_blocks,
+            "n_streams": self.n_streams,
+            "stream": self.stream,
+            "positions": list(self.positions),
+            "src_block_ids": list(self.src_block_ids),
+            "nbytes": self.nbytes,
+            "checksum": CHECKSUM_ALGORITHM,
+            "sent_wall_ns": self.sent_wall_ns,
+            "clock": {"offset_ns": self.clock_offset_ns, "delay_ns": self.clock_delay_ns},
+            "meta": self.meta,
+        }
+        if self.token is not None:
+            message["token"] = self.token
+        return message
+
+    @classmethod
+    def from_wire(cls, message: dict[str, Any], layout: BlockLayout) -> StreamHeader:
+        """Validate a ``kv`` frame against the receiver's pool ``layout``; raises KVTransferError(bad_header)."""
+        _check_keys(
+            message,
+            required={
+                "v", "type", "transfer_id", "request_id", "traceparent", "dtype", "layout", "block_bytes",
+                "n_blocks", "n_streams", "stream", "positions", "src_block_ids", "nbytes", "checksum",
+                "sent_wall_ns", "clock", "meta",
+            },
+            optional={"token"},
+        )
+        _check_envelope(message, "kv")
+        transfer_id = _string(message, "transfer_id", max_chars=32, pattern=_TRANSFER_ID)
+        request_id = _string(message, "request_id", max_chars=MAX_REQUEST_ID_CHARS)
+        traceparent = message["traceparent"]
+        if traceparent is not None:
+            traceparent = _string(message, "traceparent", max_chars=55, pattern=_TRACEPARENT)
+
+        dtype = _string(message, "dtype", max_chars=32)
+        if dtype not in ALLOWED_DTYPES:
+            raise KVTransferError("bad_header", f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
+        layout_field = message["layout"]
+        if not isinstance(layout_field, dict):
+            raise KVTransferError("bad_header", "'layout' must be an object")
+        _check_keys(layout_field, required={"block_shape"}, optional=set(), where="layout")
+        block_shape = tuple(_int_list(layout_field, "block_shape", low=1, high=_MAX_DIM, max_items=5))
+        if len(block_shape) != 5 or block_shape[0] != 2:
+            raise KVTransferError(
+                "bad_header", f"block_shape {list(block_shape)} is not [2, layers, block_tokens, kv_heads, head_dim]"
+            )
+        if dtype != layout.dtype or block_shape != layout.block_shape:
+            raise KVTransferError(
+                "bad_header",
+                f"layout {dtype} {list(block_shape)} does not match this pool's "
+                f"{layout.dtype} {list(layout.block_shape)}",
+            )
+        block_bytes = _int(message, "block_bytes", low=1, high=_MAX_INT64)
+        if block_bytes != layout.block_bytes:
+            raise KVTransferError("bad_header", f"block_bytes {block_bytes} != {layout.block_bytes} for this layout")
+
+        n_blocks = _int(message, "n_blocks", low=1, high=layout.num_blocks)
+        n_streams = _int(message, "n_streams", low=1, high=min(MAX_STREAMS, n_blocks))
+        stream = _int(message, "stream", low=0, high=n_streams - 1)
+        positions = tuple(_int_list(message, "positions", low=0, high=n_blocks - 1, max_items=n_blocks))
+        if not positions or len(set(positions)) != len(positions):
+            raise KVTransferError("bad_header", "'positions' must be non-empty and free of repeats")
+        src_block_ids = tuple(_int_list(message, "src_block_ids", low=0, high=_MAX_INT64, max_items=n_blocks))
+        if len(src_block_ids) != len(positions) or len(set(src_block_ids)) != len(src_block_ids):
+            raise KVTransferError("bad_header", "'src_block_ids' must match 'positions' in length, free of repeats")
+        nbytes = _int(message, "nbytes", low=1, high=_MAX_INT64)
+        if nbytes != len(positions) * block_bytes:
+            raise KVTransferError(
+                "bad_header", f"nbytes {nbytes} != {len(positions)} blocks x {block_bytes} bytes per block"
+            )
+        if message["checksum"] != CHECKSUM_ALGORITHM:
+            raise KVTransferError("bad_header", f"checksum algorithm must be {CHECKSUM_ALGORITHM!r}")
+        sent_wall_ns = _int(message, "sent_wall_ns", low=0, high=_MAX_INT64)
+        clock = message["clock"]
+        if not isinstance(clock, dict):
+            raise KVTransferError("bad_header", "'clock' must be an object")
+        _check_keys(clock, required={"offset_ns", "delay_ns"}, optional=set(), where="clock")
+        clock_offset_ns = _int(clock, "offset_ns", low=-_MAX_INT64, high=_MAX_INT64)
+        clock_delay_ns = _int(clock, "delay_ns", low=-_MAX_INT64, high=_MAX_INT64)
+        meta = message["meta"]
+        if not isinstance(meta, dict):
+            raise KVTransferError("bad_header", "'meta' must be a JSON object")
+        token = message.get("token")
+        if token is not None:
+            token = _string(message, "token", max_chars=MAX_TOKEN_CHARS)
+        return cls(
+            transfer_id=transfer_id,
+            request_id=request_id,
+            traceparent=traceparent,
+            dtype=dtype,
+            block_shape=block_shape,
+            block_bytes=block_bytes,
+            n_blocks=n_blocks,
+            n_streams=n_streams,
+            stream=stream,
+            positions=positions,
+            src_block_ids=src_block_ids,
+            nbytes=nbytes,
+            sent_wall_ns=sent_wall_ns,
+            clock_offset_ns=clock_offset_ns,
+            clock_delay_ns=clock_delay_ns,
+            meta=meta,
+            token=token,
+        )
+
+
+def trailer_message(transfer_id: str, stream: int, checksum: int) -> dict[str, Any]:
+    return {"v": WIRE_VERSION, "type": "kv_end", "transfer_id": transfer_id, "stream": stream, "checksum": checksum}
+
+
+def parse_trailer(message: dict[str, Any], transfer_id: str, stream: int) -> int:
+    """The checksum carried by a ``kv_end`` frame of this stream; raises KVTransferError(bad_header)."""
+    _check_keys(message, required={"v", "type", "transfer_id", "stream", "checksum"}, optional=set())
+    _check_envelope(message, "kv_end")
+    if message["transfer_id"] != transfer_id or message["stream"] != stream:
+        raise KVTransferError("bad_header", "kv_end trailer belongs to another stream")
+    return _int(message, "checksum", low=0, high=_MAX_UINT64)
+
+
+def clock_message(t0_ns: int, token: str | None) -> dict[str, Any]:
+    message: dict[str, Any] = {"v": WIRE_VERSION, "type": "clock", "t0": t0_ns}
+    if token is not None:
+        message["token"] = token
+    return message
+
+
+def parse_clock(message: dict[str, Any]) -> int:
+    _check_keys(message, required={"v", "type", "t0"}, optional={"token"})
+    _check_envelope(message, "clock")
+    if message.get("token") is not None:
+        _string(message, "token", max_chars=MAX_TOKEN_CHARS)
+    return _int(message, "t0", low=0, high=_MAX_INT64)
+
+
+def reply_message(kind: str, **fields: Any) -> dict[str, Any]:
+    """A receiver's answer: ``ready``, ``done``, ``clock_reply`` or ``error`` (with ``reason``, ``detail``)."""
+    return {"v": WIRE_VERSION, "type": kind, **fields}
+
+
+def error_message(reason: str, detail: str) -> dict[str, Any]:
+    return reply_message("error", reason=reason, detail=_clip(detail))
+
+
+def expect_reply(message: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    """Check the receiver's answer; raises KVTransferError with the receiver's reason on ``error``."""
+    if message is None:
+        raise KVTransferError("connection", "receiver closed the connection")
+    if message.get("v") != WIRE_VERSION:
+        raise KVTransferError("bad_header", f"receiver answered with schema version {message.get('v')!r}")
+    if message.get("type") == "error":
+        reason = message.get("reason")
+        detail = message.get("detail")
+        detail = _clip(detail) if isinstance(detail, str) else ""
+        raise KVTransferError(reason if reason in FAILURE_REASONS else "refused", f"receiver: {detail}")
+    if message.get("type") != kind:
+        raise KVTransferError("bad_header", f"expected a {kind!r} answer, got {_clip(repr(message.get('type')))}")
+    return message
+
+
+def reply_int(message: dict[str, Any], key: str) -> int:
+    return _int(message, key, low=-_MAX_INT64, high=_MAX_INT64)
+
+
+def token_matches(expected: str | None, message: dict[str, Any]) -> bool:
+    """True if no token is configured, or the frame's ``token`` equals it (constant-time comparison)."""
+    if expected is None:
+        return True
+    presented = message.get("token")
+    if not isinstance(presented, str):
+        return False
+    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+
+
+# ---------------------------------------------------------------------------------------------- checks
+
+
+def _check_envelope(message: dict[str, Any], kind: str) -> None:
+    if message.get("v") != WIRE_VERSION or isinstance(message.get("v"), bool):
+        raise KVTransferError("bad_header", f"unsupported schema version {_clip(repr(message.get('v')))}")
+    if message.get("type") != kind:
+        raise KVTransferError("bad_header", f"expected a {kind!r} frame, got {_clip(repr(message.get('type')))}")
+
+
+def _check_keys(message: dict[str, Any], *, required: set[str], optional: set[str], where: str = "header") -> None:
+    missing = required - message.keys()
+    if missing:
+        raise KVTransferError("bad_header", f"{where} lacks {sorted(missing)}")
+    unknown = message.keys() - required - optional
+    if unknown:
+        raise KVTransferError("bad_header", _clip(f"{where} has unknown fields {sorted(unknown)}"))
+
+
+def _int(message: dict[str, Any], key: str, *, low: int, high: int) -> int:
+    value = message.get(key)
+    # bool is an int subclass in Python; JSON true is not a number.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise KVTransferError("bad_header", f"{key!r} must be an integer, got {type(value).__name__}")
+    if not low <= value <= high:
+        raise KVTransferError("bad_header", f"{key!r} = {value} is outside [{low}, {high}]")
+    return value
+
+
+def _int_list(message: dict[str, Any], key: str, *, low: int, high: int, max_items: int) -> list[int]:
+    values = message.get(key)
+    if not isinstance(values, list):
+        raise KVTransferError("bad_header", f"{key!r} must be a list of integers")
+    if len(values) > max_items:
+        raise KVTransferError("bad_header", f"{key!r} has {len(values)} items, more than {max_items}")
+    for value in values:
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise KVTransferError("bad_header", f"{key!r} must hold integers only")
+        if not low <= value <= high:
+            raise KVTransferError("bad_header", f"{key!r} holds {value}, outside [{low}, {high}]")
+    return values
+
+
+def _string(message: dict[str, Any], key: str, *, max_chars: int, pattern: re.Pattern[str] | None = None) -> str:
+    value = message.get(key)
+    if not isinstance(value, str) or not value:
+        raise KVTransferError("bad_header", f"{key!r} must be a non-empty string")
+    if len(value) > max_chars:
+        raise KVTransferError("bad_header", f"{key!r} is longer than {max_chars} characters")
+    if pattern is not None and not pattern.fullmatch(value):
+        raise KVTransferError("bad_header", f"{key!r} is malformed")
+    return value
