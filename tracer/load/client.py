@@ -129,7 +129,7 @@ class CompletionClient:
             "model": self._model,
             "prompt": prompt,
             "max_tokens": planned.output_tokens,
-            # Fixed-length outputs: vLLM and SGLang honour these; OpenAI-strict servers ignore them.
+            # Fixed-length outputs: vLLM and SGLang honour these; other servers may ignore or reject them.
             "min_tokens": planned.output_tokens,
             "ignore_eos": True,
             "stream": True,

@@ -40,7 +40,6 @@ class RunProgress:
     skipped: int = 0
     max_lag_s: float = 0.0
     recent_ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
-    done: bool = False
 
     @property
     def elapsed_s(self) -> float:
@@ -126,7 +125,6 @@ async def run_load(config: LoadConfig, *, progress: RunProgress | None = None,
         remaining_s = 0.0 if config.duration_s is None or stopped_early else config.duration_s - clock()
         await asyncio.gather(*inflight, _stopped_within(stop, remaining_s))
         wall_s = clock()
-    progress.done = True
     records = records[:reached]
     return LoadResult(
         config=config,

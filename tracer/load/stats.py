@@ -24,7 +24,6 @@ from tracer.load.client import ERROR, ERROR_KINDS, OK, SKIPPED, RequestRecord
 from tracer.load.config import SLO
 
 PERCENTILES = (50, 90, 99)
-METRICS = ("ttft_s", "tpot_s", "itl_s", "itl_p99_s", "e2e_s")
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class Summary:
     output_tokens_per_s: float | None
     wall_s: float
     schedule_lag: Distribution  # how far behind schedule each sent request left (send - scheduled)
-    latency: dict[str, Distribution]  # METRICS -> distribution over successful requests
+    latency: dict[str, Distribution]  # ttft_s, tpot_s, itl_s, itl_p99_s, e2e_s over successful requests
 
     def to_json_dict(self) -> dict:
         return asdict(self)
