@@ -1,0 +1,124 @@
+"""alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from alerts.rules import RULES_PATH, le_matcher, render_rules, render_rules_yaml
+from alerts.settings import AlertSettings
+from dashboards.catalogue import recording_rule_names, selector_names
+
+# DESIGN section 6, written out here so a renamed or dropped alert fails this test.
+DESIGN_ALERTS = {
+    "DecodeInterference", "SplitRecommended", "ChunkedPrefillRecommended", "KVTransferDominatesTTFT",
+    "PrefillPoolSaturated", "DecodePoolSaturated", "TTFTSLOBurn", "ITLSLOBurn", "KVTransferFailures",
+    "TracerDroppingRecords", "TelemetryAbsent",
+}
+RUNBOOK_PATH = RULES_PATH.with_name("runbook.md")
+
+
+def _rules(doc: dict) -> list[dict]:
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def _alerts(doc: dict) -> dict[str, dict]:
+    return {rule["alert"]: rule for rule in _rules(doc) if "alert" in rule}
+
+
+def test_committed_rules_are_a_fresh_render() -> None:
+    assert RULES_PATH.read_text(encoding="utf-8") == render_rules_yaml(), (
+        "alerts/rules.yaml is stale: run `splitscope alerts build`"
+    )
+
+
+def test_every_design_alert_has_for_severity_and_annotations() -> None:
+    alerts = _alerts(yaml.safe_load(RULES_PATH.read_text(encoding="utf-8")))
+    assert set(alerts) == DESIGN_ALERTS
+    for name, rule in alerts.items():
+        assert re.fullmatch(r"\d+[smh]", rule["for"]), name
+        assert rule["labels"]["severity"] in {"info", "warning", "critical"}, name
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip() and annotations["description"].strip(), name
+        assert annotations["runbook_url"].endswith(f"runbook.md#{name.lower()}"), name
+
+
+def _github_anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_runbook_has_a_section_per_alert_with_meaning_confirmation_and_action() -> None:
+    text = RUNBOOK_PATH.read_text(encoding="utf-8")
+    sections = dict(
+        (_github_anchor(m.group(1)), m.group(2))
+        for m in re.finditer(r"^## ([^\n]+)\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    )
+    for name, rule in _alerts(render_rules()).items():
+        anchor = rule["annotations"]["runbook_url"].split("#", 1)[1]
+        assert anchor in sections, f"runbook.md has no section for {name} (#{anchor})"
+        for part in ("**Means.**", "**Confirm.**", "**Do.**"):
+            assert part in sections[anchor], f"runbook section {name} lacks {part}"
+
+
+def test_recording_rules_are_level_metric_operation_and_every_one_used_is_defined() -> None:
+    doc = render_rules()
+    recorded = recording_rule_names()
+    for name in recorded:
+        level, metric, operation = name.split(":")
+        assert level and metric and operation, name
+    used = set().union(*(selector_names(rule["expr"]) for rule in _rules(doc)))
+    assert {n for n in used if ":" in n} <= recorded
+
+
+def test_slo_thresholds_live_in_the_burn_rules_as_bucket_matchers() -> None:
+    doc = render_rules()
+    exprs = {rule.get("record"): rule["expr"] for rule in _rules(doc)}
+    ttft = exprs["model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate5m"]
+    itl = exprs["pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"]
+    assert le_matcher(2.0) in ttft and le_matcher(0.1) in itl
+    moved = render_rules(settings=AlertSettings(ttft_slo_s=3.0, itl_slo_s=0.05))
+    moved_exprs = {rule.get("record"): rule["expr"] for rule in _rules(moved)}
+    assert le_matcher(3.0) in moved_exprs["model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate5m"]
+    assert le_matcher(0.05) in moved_exprs["pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"]
+
+
+@pytest.mark.parametrize("bound, spellings, not_matching", [
+    (2.0, ["2", "2.0"], ["20", "2.5", "0.2"]),
+    (0.1, ["0.1"], ["0.15", "1"]),
+    (80.0, ["80", "80.0"], ["8"]),
+])
+def test_le_matcher_accepts_both_spellings_of_a_bound(bound, spellings, not_matching) -> None:
+    pattern = re.fullmatch(r'le=~"(.*)"', le_matcher(bound)).group(1).replace("\\\\", "\\")
+    for text in spellings:
+        assert re.fullmatch(pattern, text), (pattern, text)
+    for text in not_matching:
+        assert not re.fullmatch(pattern, text), (pattern, text)
+
+
+def test_threshold_off_the_bucket_boundaries_is_refused() -> None:
+    with pytest.raises(ValueError, match="ttft_slo_s=1.7 is not a latency bucket boundary"):
+        render_rules(settings=AlertSettings(ttft_slo_s=1.7))
+    with pytest.raises(ValueError, match="itl_slo_s=0.09 is not an ITL bucket boundary"):
+        render_rules(settings=AlertSettings(itl_slo_s=0.09))
+    with pytest.raises(ValueError, match="slo_objective_ratio"):
+        render_rules(settings=AlertSettings(slo_objective_ratio=1.0))
+
+
+def test_for_scale_and_range_override_shorten_every_rule() -> None:
+    normal = _rules(render_rules())
+    fast = _rules(render_rules(for_scale=0.01, range_override="20s"))
+    assert [r.get("alert") or r.get("record") for r in normal] == [r.get("alert") or r.get("record") for r in fast]
+    for before, after in zip(normal, fast):
+        windows = set(re.findall(r"\[(\w+)\]", after["expr"]))
+        assert windows <= {"20s"}, after["expr"]
+        if "for" in before:
+            assert {"10m": "6s", "15m": "9s", "5m": "3s", "2m": "1s200ms"}[before["for"]] == after["for"]
+
+
+def test_bad_range_override_is_refused_with_a_clear_error() -> None:
+    with pytest.raises(ValueError):
+        render_rules(range_override="five minutes")
+    with pytest.raises(ValueError, match="for_scale"):
+        render_rules(for_scale=-1)
