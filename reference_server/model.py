@@ -74,8 +74,8 @@ class ModelArgs:
 PRESETS: dict[str, ModelArgs] = {
     # Unit tests: a forward over a few hundred tokens takes milliseconds.
     "tiny": ModelArgs(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=192, max_seq_len=1024),
-    # The CPU demo, sized on a 2-core machine (float32): a 2,000-token prefill ~0.5 s, a decode step of
-    # batch 8 at ~500 context ~20 ms (see the measurement in bench/ and the module tests' report).
+    # The CPU demo, sized for 2 CPU cores (float32): a 2,000-token prefill ~0.6 s, a decode step of batch 8
+    # at context 500 ~18 ms, so a colocated prefill stalls decodes ~35x (bench/model_step_timing.py).
     "small": ModelArgs(dim=384, n_layers=6, n_heads=6, n_kv_heads=2, ffn_dim=1024, max_seq_len=4096),
     # Real shapes, for GPU use and KV sizing (the tokenizer here is byte-level, the vocab size is Llama 3's).
     "llama3-8b": ModelArgs(
@@ -154,7 +154,8 @@ class _BatchLayout:
     read_blocks: list[torch.Tensor]  # per sequence: its block ids covering 0 .. end_pos - 1
     token_ranges: list[tuple[int, int]]  # per sequence: its rows in the flattened batch
     context_lens: list[int]  # per sequence: end_pos
-    masks: list[torch.Tensor | None]  # per sequence: attention mask, None for a single query
+    masks: list[torch.Tensor | None]  # per sequence: attention mask; None with `causal` or for a single query
+    causal: list[bool]  # per sequence: a prefill from position 0 (square causal: SDPA's fast path)
 
 
 class Attention(nn.Module):
@@ -178,15 +179,15 @@ class Attention(nn.Module):
         pool[layout.write_blocks, 0, self.layer_id, layout.write_offsets] = k
         pool[layout.write_blocks, 1, self.layer_id, layout.write_offsets] = v
         outputs = []
-        for (first, last), blocks, context_len, mask in zip(
-            layout.token_ranges, layout.read_blocks, layout.context_lens, layout.masks
+        for (first, last), blocks, context_len, mask, causal in zip(
+            layout.token_ranges, layout.read_blocks, layout.context_lens, layout.masks, layout.causal
         ):
             # [n_blocks, block_size, Hkv, D] -> [Hkv, context, D]
             keys = pool[blocks, 0, self.layer_id].flatten(0, 1)[:context_len].transpose(0, 1)
             values = pool[blocks, 1, self.layer_id].flatten(0, 1)[:context_len].transpose(0, 1)
             queries = q[first:last].transpose(0, 1)  # [H, n_new, D]
             out = F.scaled_dot_product_attention(
-                queries[None], keys[None], values[None], attn_mask=mask, enable_gqa=True
+                queries[None], keys[None], values[None], attn_mask=mask, is_causal=causal, enable_gqa=True
             )  # [1, H, n_new, D]
             outputs.append(out[0].transpose(0, 1).reshape(last - first, -1))
         return self.wo(torch.cat(outputs))
@@ -256,9 +257,13 @@ class Transformer(nn.Module):
             write_blocks.append(seq_blocks[seq_positions // block_size])
             read_blocks.append(seq_blocks.to(self.device, non_blocking=True))
             token_ranges.append((first, first + n_new))
-            # New query i sits at position start_pos + i and sees keys 0 .. start_pos + i.
-            causal = torch.arange(seq.end_pos)[None, :] <= seq_positions[:, None]  # [n_new, end_pos]
-            masks.append(None if n_new == 1 else causal.to(self.device, non_blocking=True))
+            # New query i sits at position start_pos + i and sees keys 0 .. start_pos + i. SDPA's is_causal
+            # aligns the mask top-left, right only when the chunk starts at 0; later chunks need a mask.
+            if n_new == 1 or seq.start_pos == 0:
+                masks.append(None)
+            else:
+                visible = torch.arange(seq.end_pos)[None, :] <= seq_positions[:, None]  # [n_new, end_pos]
+                masks.append(visible.to(self.device, non_blocking=True))
             first += n_new
         all_positions = torch.cat(positions)
         device_positions = all_positions.to(self.device, non_blocking=True)
@@ -271,6 +276,7 @@ class Transformer(nn.Module):
             token_ranges=token_ranges,
             context_lens=[seq.end_pos for seq in batch],
             masks=masks,
+            causal=[seq.start_pos == 0 and seq.token_ids.shape[0] > 1 for seq in batch],
         )
 
     @torch.inference_mode()
