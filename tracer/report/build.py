@@ -36,7 +36,9 @@ class ReportOptions:
     window_s: float | None = None  # hysteresis windows; None: the whole trace is one window
     margin: float = 0.15
     skip_bad: bool = False
-    sim_requests: int = 300  # requests resampled per simulation
+    sim_requests: int = 300  # fewest requests per simulation
+    sim_duration_s: float = 30.0  # simulated arrivals per run: rate x this many seconds ...
+    sim_max_requests: int = 20000  # ... up to this many requests
     seed: int = 0
     min_requests: int = 20  # per window
     min_steps: int = 50
@@ -201,7 +203,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if options.gpus is None and current is not None:
         assumptions.append(f"GPUs = {gpus}, the workers seen in the traces (--gpus to change)")
     assumptions.append(f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs")
-    assumptions.append(f"requests are routed round-robin; simulations replay {options.sim_requests} requests resampled from the observed ones")
+    assumptions.append(f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
+                       f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones")
     measured = measure(requests, slo) if len(requests) else None
     read = {
         "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
@@ -232,9 +235,13 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
             window_results.append(WindowResult(*bounds, len(selected), decision, []))
             continue
         observed = _workload(selected)
-        sample = observed.resample(options.sim_requests, options.seed)
+        sample = observed.resample(max(options.sim_requests, options.sim_max_requests), options.seed)
         start_rate = max(observed.rate_per_s, 1e-3)
-        results = [search_goodput(layout, sample, costs, slo, start_rate_per_s=start_rate) for layout in layouts]
+        results = [
+            search_goodput(layout, sample, costs, slo, start_rate_per_s=start_rate, min_requests=options.sim_requests,
+                           duration_s=options.sim_duration_s)
+            for layout in layouts
+        ]
         decision = decide(current, results, options.margin)
         window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
     final = combine_windows(current, [w.decision for w in window_results])

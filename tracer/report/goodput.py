@@ -31,18 +31,23 @@ def search_goodput(
     slo: SLO,
     *,
     start_rate_per_s: float,
+    min_requests: int = 100,
+    duration_s: float = 30.0,
     params: EngineParams = EngineParams(),
 ) -> GoodputResult:
     """Bisect the highest total arrival rate whose simulated attainment is at least `slo.attainment`.
 
-    `workload` is the request sample to replay (its own rate is irrelevant; it is rescaled).
+    `workload` is the request sample to replay (its own rate is irrelevant; it is rescaled). Each run
+    replays a prefix of it long enough to cover `duration_s` of arrivals (at least `min_requests`, at most
+    all of it), so an overload shows as a growing queue rather than hiding in a short burst.
     """
     runs = 0
 
     def passes(rate: float) -> SimResult | None:
         nonlocal runs
         runs += 1
-        result = simulate(layout, workload.scaled_to_rate(rate), costs, slo, params=params)
+        n = int(min(len(workload), max(min_requests, rate * duration_s)))
+        result = simulate(layout, workload.head(n).scaled_to_rate(rate), costs, slo, params=params)
         return result if (result.attainment or 0.0) >= slo.attainment else None
 
     rate = max(start_rate_per_s, 1e-6)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tracer.report.simulate import Costs, EngineParams, Layout, SimResult, Workload, simulate
+from tracer.report.simulate import Costs, EngineParams, Layout, SimResult, StepCosts, TransferCosts, Workload, simulate
 from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
 EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: synthetic traces start here
@@ -324,3 +324,52 @@ def _request_spans(
         start_ns=_ns(tl["arrival_s"][r]), end_ns=_ns(tl["end_s"][r]), attributes=root_attrs,
     )
     return [(None, root)] + spans
+
+
+# ------------------------------------------------------------------------------------------ scenarios
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A ground truth to generate traces from: the deployed layout, the workload, the true costs, the SLO
+    the report is asked about, and the link the report is told about (None: measured or default)."""
+
+    layout: Layout
+    workload: Workload
+    costs: Costs
+    slo_ttft_s: float
+    slo_itl_s: float
+    link_gbps: float | None = None
+
+
+# A mid-size GPU serving an 8B-class model: 8 ms per step, 0.3 ms per decode request, 0.2 us per context
+# token, 120 us per prefill token (DistServe's forms); KV of Llama-3-8B in bf16.
+GROUND_TRUTH_STEP = StepCosts(base_s=0.008, context_s_per_token=2e-7, decode_s_per_request=3e-4, prefill_s_per_token=1.2e-4)
+_KV = 131072.0
+
+
+def _costs(link_gbps: float = 100.0) -> Costs:
+    return Costs(GROUND_TRUTH_STEP, TransferCosts(_KV, link_gbps * 1e9 / 8, 0.002))
+
+
+def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
+    """Named ground truths used by tests, benches and docs (see tests/report/test_verdicts.py)."""
+    if name == "chatty":  # short prompts, loose ITL SLO: interference is harmless, a split only wastes GPUs
+        work = synthetic_workload(n_requests, 8.0, prompt_tokens=(50, 150), output_tokens=(100, 300), seed=seed)
+        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.25)
+    if name == "long-prompts":  # prompts stall decodes under colocation; chunks of 512 keep ITL in SLO
+        work = synthetic_workload(n_requests, 4.0, prompt_tokens=(600, 1200), output_tokens=(100, 250), seed=seed)
+        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.1)
+    if name == "strict-itl":  # any prefill in a decode step breaks a tight ITL SLO: only a split meets it
+        work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
+        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.035)
+    if name == "wrong-split":  # decode-heavy workload deployed prefill-heavy (3:1)
+        work = synthetic_workload(n_requests, 4.0, prompt_tokens=(200, 400), output_tokens=(200, 400), seed=seed)
+        return Scenario(Layout("disaggregated", prefill_workers=3, decode_workers=1), work, _costs(), 1.0, 0.035)
+    if name == "slow-link":  # strict-itl's split, but the KV crosses a slow link: the transfer eats the TTFT
+        work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
+        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work, _costs(link_gbps=1.0), 1.0, 0.06)
+    raise ValueError(f"unknown scenario {name!r}")
+
+
+SCENARIOS = ("chatty", "long-prompts", "strict-itl", "wrong-split", "slow-link")

@@ -1,0 +1,79 @@
+"""`splitscope report`: traces (and optionally Prometheus) -> split decision, as Markdown, HTML or JSON."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import click
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+
+
+def parse_duration_s(text: str) -> float:
+    """`90`, `90s`, `15m`, `2h` -> seconds. Raises ValueError."""
+    match = _DURATION.match(text.strip())
+    if not match or float(match.group(1)) <= 0:
+        raise ValueError(f"not a positive duration: {text!r} (use e.g. 30s, 15m, 2h)")
+    return float(match.group(1)) * _UNIT_S[match.group(2)]
+
+
+class _Duration(click.ParamType):
+    name = "DURATION"
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration_s(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.command("report")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), required=True, help="Time-to-first-token SLO, seconds.")
+@click.option("--slo-itl", type=click.FloatRange(min=0, min_open=True), required=True, help="Inter-token latency SLO, seconds.")
+@click.option("--itl-stat", type=click.Choice(["p99", "max", "mean"]), default="p99", show_default=True,
+              help="Per-request gap statistic the ITL SLO applies to.")
+@click.option("--attainment", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
+              help="Fraction of requests that must meet both SLOs.")
+@click.option("--gpus", type=click.IntRange(min=1), help="GPUs to lay out (default: the workers seen).")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), help="Link per prefill worker, Gb/s (default: measured, else 100).")
+@click.option("--kv-bytes-per-token", type=click.FloatRange(min=0, min_open=True), help="KV cache bytes per token (default: measured, else Llama-3-8B bf16).")
+@click.option("--window", "window_s", type=_Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows.")
+@click.option("--margin", type=click.FloatRange(min=0), default=0.15, show_default=True, help="Goodput gain a layout change needs.")
+@click.option("--prometheus", "prometheus_url", help="Prometheus base URL for extra evidence (per-pool busy ratio, queues).")
+@click.option("--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries.")
+@click.option("--skip-bad", is_flag=True, help="Skip and count bad lines/spans instead of failing.")
+@click.option("--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation.")
+@click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
+def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_gbps, kv_bytes_per_token, window_s, margin,
+                   prometheus_url, since_s, skip_bad, sim_requests, fmt, output) -> None:  # type: ignore[no-untyped-def]
+    """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
+    from tracer.report.build import ReportOptions, build_report
+    from tracer.report.load import TraceDataError
+    from tracer.report.prometheus import PrometheusError, pool_evidence
+    from tracer.report.render import headline, render
+    from tracer.report.simulate import SLO
+    from tracer.traces import TraceFileError
+
+    extra: tuple[str, ...] = ()
+    try:
+        if prometheus_url:
+            extra = tuple(pool_evidence(prometheus_url, since_s))
+        options = ReportOptions(
+            slo=SLO(slo_ttft, slo_itl, itl_stat, attainment), gpus=gpus, link_gbps=link_gbps, kv_bytes_per_token=kv_bytes_per_token,
+            window_s=window_s, margin=margin, skip_bad=skip_bad, sim_requests=sim_requests, extra_evidence=extra,
+        )
+        report = build_report(list(traces), options)
+    except (TraceFileError, TraceDataError, PrometheusError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    text = render(report, fmt)
+    if output:
+        Path(output).write_text(text, encoding="utf-8")
+        click.echo(f"{headline(report)} (report written to {output})", err=True)
+    else:
+        click.echo(text, nl=False)
