@@ -104,6 +104,18 @@ class PrometheusHandle:
         """Loaded rule groups from /api/v1/rules (each rule with its health and lastError)."""
         return self._get("/api/v1/rules")["groups"]
 
+    def wait_for_rules_evaluated(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+        """Block until every loaded rule has been evaluated once (health not "unknown"); return the groups."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            groups = self.rule_groups()
+            if groups and all(r["health"] != "unknown" for g in groups for r in g["rules"]):
+                return groups
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"rules not evaluated within {timeout_s} s")
+            self._check_alive()
+            time.sleep(_POLL_INTERVAL_S)
+
     def targets_up(self) -> dict[str, bool]:
         """scrape URL -> whether its last scrape succeeded (active targets only)."""
         targets = self._get("/api/v1/targets", {"state": "active"})["activeTargets"]
