@@ -13,7 +13,8 @@ One KV stream, sender S and receiver R (each stream is one TCP connection)::
 
 Clock exchange on the same connections: ``clock {t0}`` answered by ``clock_reply {t1, t2}``.
 
-This module does framing and validation only; threads, sockets' lifetimes and pools live in transfer.py.
+This module does framing and validation only; threads, connections and pools live in transfer_send.py
+and transfer_recv.py.
 It does not import torch.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
 import socket
 import struct
@@ -62,6 +64,9 @@ FAILURE_REASONS: tuple[str, ...] = (
     "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
 )
 
+# The shared secret a receiver requires (when set) and a sender presents; compared in constant time.
+TOKEN_ENV_VAR = "SPLITSCOPE_KV_TOKEN"
+
 _PREFIX = struct.Struct("!4sI")
 _TRANSFER_ID = re.compile(r"[0-9a-f]{32}")
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -79,6 +84,20 @@ class KVTransferError(Exception):
         self.reason = reason
         self.detail = detail
         super().__init__(f"KV transfer failed ({reason}): {detail}" if detail else f"KV transfer failed ({reason})")
+
+
+def token_from_env() -> str | None:
+    """The shared secret from ``SPLITSCOPE_KV_TOKEN``, or None when unset or empty."""
+    return os.environ.get(TOKEN_ENV_VAR) or None
+
+
+def tune_socket(sock: socket.socket, buffer_bytes: int | None) -> None:
+    """TCP_NODELAY (headers and answers are small), and fixed buffer sizes if asked."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    # None leaves the kernel's buffer autotuning on; a fixed size turns it off (and is capped by rmem_max).
+    if buffer_bytes is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, buffer_bytes)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
 def new_checksum() -> xxhash.xxh3_64:
