@@ -9,12 +9,14 @@ writes them straight into `pool.tensor[dst_block_id]`.
 Token position p of a sequence lives in block `block_ids[p // block_size]` at offset `p % block_size`;
 its "slot" is `block_id * block_size + offset`.
 
-The allocator is pure bookkeeping (no tensors), single-threaded: call it from the engine loop only.
+The allocator is pure bookkeeping (no tensors). Its methods are thread-safe (one lock, held for
+O(blocks touched)): the engine loop's scheduler and the KV receiver's connection threads share it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -142,7 +144,8 @@ class BlockAllocator:
 
     A block is in exactly one state: free (no contents worth keeping), in use (refcount > 0), or cached
     and unreferenced (refcount 0, contents kept for prefix hits, evicted least-recently-used first when
-    an allocation needs room). Single-threaded; every call is O(blocks touched).
+    an allocation needs room). Every method is atomic under one internal lock, never blocks for long
+    (no I/O, O(blocks touched)), and may be called from any thread.
     """
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
@@ -156,6 +159,7 @@ class BlockAllocator:
         self._hash_of_block: dict[int, bytes] = {}
         self._block_of_hash: dict[bytes, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, refcount 0; oldest first
+        self._lock = threading.Lock()
 
     # --- accounting -------------------------------------------------------------------------------
 
@@ -181,6 +185,17 @@ class BlockAllocator:
         """`n` fresh blocks, refcount 1 each; raises OutOfBlocks (allocating nothing) when short."""
         if n < 0:
             raise ValueError(f"cannot allocate {n} blocks")
+        with self._lock:
+            return self._allocate_locked(n)
+
+    def try_allocate(self, n: int) -> list[int] | None:
+        """`n` fresh blocks, or None when short (the KV receiver's `allocate_blocks` callback)."""
+        try:
+            return self.allocate(n)
+        except OutOfBlocks:
+            return None
+
+    def _allocate_locked(self, n: int) -> list[int]:
         if n > self.num_free_blocks:
             raise OutOfBlocks(
                 f"need {n} KV blocks, only {self.num_free_blocks} of {self.num_blocks} free "
@@ -207,6 +222,10 @@ class BlockAllocator:
         Raises ValueError on an id out of range or a block that is not in use (a double free), before
         changing anything.
         """
+        with self._lock:
+            self._free_locked(block_ids)
+
+    def _free_locked(self, block_ids: Sequence[int]) -> None:
         for block_id in block_ids:
             if not 0 <= block_id < self.num_blocks:
                 raise ValueError(f"block id {block_id} is outside 0..{self.num_blocks - 1}")
@@ -234,16 +253,18 @@ class BlockAllocator:
         Callers that must recompute the last prompt token (to get its logits) pass len(prompt) - 1.
         """
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
+        hashes = block_hashes(token_ids[:limit], self.block_size)  # hashed outside the lock
         hits: list[int] = []
-        for block_hash in block_hashes(token_ids[:limit], self.block_size):
-            block_id = self._block_of_hash.get(block_hash)
-            if block_id is None:
-                break
-            hits.append(block_id)
-        for block_id in hits:
-            if self._refcount[block_id] == 0:
-                del self._evictable[block_id]
-            self._refcount[block_id] += 1
+        with self._lock:
+            for block_hash in hashes:
+                block_id = self._block_of_hash.get(block_hash)
+                if block_id is None:
+                    break
+                hits.append(block_id)
+            for block_id in hits:
+                if self._refcount[block_id] == 0:
+                    del self._evictable[block_id]
+                self._refcount[block_id] += 1
         return PrefixHit(len(hits) * self.block_size, tuple(hits))
 
     def cache_full_blocks(self, table: BlockTable, token_ids: Sequence[int]) -> int:
@@ -253,11 +274,13 @@ class BlockAllocator:
         held by another block, are left as they are. Returns how many blocks were newly registered.
         """
         written = min(table.num_tokens, len(token_ids))
+        hashes = block_hashes(token_ids[:written], self.block_size)
         added = 0
-        for block_id, block_hash in zip(table.block_ids, block_hashes(token_ids[:written], self.block_size)):
-            if block_id in self._hash_of_block or block_hash in self._block_of_hash:
-                continue
-            self._hash_of_block[block_id] = block_hash
-            self._block_of_hash[block_hash] = block_id
-            added += 1
+        with self._lock:
+            for block_id, block_hash in zip(table.block_ids, hashes):
+                if self._refcount[block_id] == 0 or block_id in self._hash_of_block or block_hash in self._block_of_hash:
+                    continue  # a block nobody holds may be reused any moment: never cache it
+                self._hash_of_block[block_id] = block_hash
+                self._block_of_hash[block_hash] = block_id
+                added += 1
         return added

@@ -169,3 +169,13 @@ def test_allocator_never_leaks_or_double_counts(ops: list[tuple[str, int]]) -> N
         allocator.free(blocks)
     assert allocator.num_free_blocks == 12
     assert all(allocator.refcount(b) == 0 for b in range(12))
+
+
+def test_try_allocate_answers_none_when_short_for_the_kv_receiver_callback() -> None:
+    allocator = BlockAllocator(num_blocks=4, block_size=16)
+    blocks = allocator.try_allocate(3)
+    assert blocks is not None and len(blocks) == 3
+    assert allocator.try_allocate(2) is None
+    assert allocator.num_free_blocks == 1
+    allocator.free(blocks)
+    assert allocator.try_allocate(4) is not None
