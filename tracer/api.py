@@ -15,8 +15,10 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from tracer.records import RecordRing, RequestRecord, StageRecord, StepRecord
-from tracer.spans import TraceContext, new_span_id
+import os
+
+from tracer.records import KIND_DECODE, KIND_REQUEST, KIND_STAGE, KIND_STAGE_WALL, KIND_STEP, RecordRing
+from tracer.spans import TraceContext
 
 
 class Tracer:
@@ -32,7 +34,12 @@ class Tracer:
         self.clock = clock
         self.ring = ring
         self.mark = clock.mark
-        self._push = ring.push
+        self._bind_ring()
+        os.register_at_fork(after_in_child=self._bind_ring)  # the ring renews its deque in a child
+
+    def _bind_ring(self) -> None:
+        self._push = self.ring.append
+        self._seq = self.ring.seq
 
     def stage(
         self,
@@ -45,10 +52,9 @@ class Tracer:
         span_id: int = 0,
         error_type: str = "",
     ) -> int:
-        """Record one stage span; returns its span id (pass `span_id` to choose it beforehand, e.g. when
-        it was already propagated to another process as a parent)."""
-        span_id = span_id or new_span_id()
-        self._push(StageRecord(stage, ctx.trace_id, span_id, ctx.span_id, start, end, attrs or {}, error_type))
+        """Record one stage span. Its span id is `span_id` when given (chosen beforehand because it was
+        already propagated to another process as a parent), else assigned off the hot path."""
+        self._push((KIND_STAGE, stage, ctx, span_id, start, end, attrs, error_type, next(self._seq)))
         return span_id
 
     def stage_wall(
@@ -63,11 +69,7 @@ class Tracer:
         error_type: str = "",
     ) -> int:
         """Like `stage`, for times already on the wall clock (measured by another component)."""
-        span_id = span_id or new_span_id()
-        record = StageRecord(
-            stage, ctx.trace_id, span_id, ctx.span_id, start_wall_ns, end_wall_ns, attrs or {}, error_type, True
-        )
-        self._push(record)
+        self._push((KIND_STAGE_WALL, stage, ctx, span_id, start_wall_ns, end_wall_ns, attrs, error_type, next(self._seq)))
         return span_id
 
     def decode(
@@ -81,21 +83,16 @@ class Tracer:
         *,
         error_type: str = "",
     ) -> int:
-        """Record the decode span. `token_perf_ns[i]` is the host `perf_counter_ns` at which token i
+        """Record the decode span (its span id is assigned off the hot path; returns 0). `token_perf_ns[i]` is the host `perf_counter_ns` at which token i
         reached the host; `token_prefill_tokens[i]` the prefill tokens in the step that produced it. The
         arrays are handed over: do not append to them afterwards."""
-        span_id = new_span_id()
-        self._push(
-            StageRecord(
-                "decode", ctx.trace_id, span_id, ctx.span_id, start, end, attrs or {}, error_type, False,
-                token_perf_ns, token_prefill_tokens,
-            )  # fmt: skip
-        )
-        return span_id
+        self._push((KIND_DECODE, ctx, start, end, attrs, error_type, token_perf_ns, token_prefill_tokens,
+                    next(self._seq)))  # fmt: skip
+        return 0
 
     def step(self, start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int) -> None:
         """Record one engine iteration."""
-        self._push(StepRecord(start, end, decode_requests, prefill_tokens, context_tokens))
+        self._push((KIND_STEP, start, end, decode_requests, prefill_tokens, context_tokens, next(self._seq)))
 
     def request(
         self,
@@ -114,12 +111,8 @@ class Tracer:
         error_type: str = "",
     ) -> None:
         """Record the router's root span (`text_completion {model}`) and the client-facing latencies."""
-        self._push(
-            RequestRecord(
-                ctx.trace_id, span_id, ctx.span_id, start, end, first_token, model, mode, request_id,
-                input_tokens, output_tokens, token_gap_s, error_type,
-            )  # fmt: skip
-        )
+        self._push((KIND_REQUEST, ctx, span_id, start, end, first_token, model, mode, request_id, input_tokens,
+                    output_tokens, token_gap_s, error_type, next(self._seq)))  # fmt: skip
 
 
 def _zero() -> int:

@@ -95,7 +95,7 @@ class Catalogue:
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         # Children that exist from the start, so rate() and absent() behave before the first failure.
-        for reason in ("ring_full", "export_queue_full", "sidecar_unreachable"):
+        for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable"):
             self.tracer_dropped.labels(reason=reason)
 
     def bind(self, pool: str, worker: str) -> WorkerMetrics:

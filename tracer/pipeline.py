@@ -26,9 +26,16 @@ from opentelemetry.sdk.trace import SpanProcessor
 from tracer import spans as s
 from tracer.metrics import Catalogue, WorkerMetrics, exemplar
 from tracer.records import (
+    KIND_DECODE,
+    KIND_REQUEST,
+    KIND_STAGE,
+    KIND_STAGE_WALL,
+    KIND_STEP,
+    RECORD_TYPES,
     STAGE_KV_RECV,
     STAGE_KV_SEND,
     STAGE_KV_TRANSFER,
+    DecodeRecord,
     RecordRing,
     RequestRecord,
     StageRecord,
@@ -107,23 +114,31 @@ class Summariser:
         self._step_trace_id = s.new_trace_id()
         self._step_trace_started_ns = 0
 
+    def _stage_attrs(self, attrs: dict[str, Any] | None, source: str) -> dict[str, Any]:
+        out = dict(attrs) if attrs else {}
+        out.setdefault(s.ATTR_POOL, self.pool)
+        out.setdefault(s.ATTR_WORKER, self.worker)
+        out[s.ATTR_TIMING_SOURCE] = source
+        return out
+
     def stage(self, record: StageRecord, interval: Interval) -> s.SpanData:
-        attrs = dict(record.attrs)
-        attrs.setdefault(s.ATTR_POOL, self.pool)
-        attrs.setdefault(s.ATTR_WORKER, self.worker)
-        attrs[s.ATTR_TIMING_SOURCE] = interval.source
-        events: list[tuple[str, int, dict[str, Any]]] = []
-        samples: dict[str, list[float]] = {}
-        if record.token_perf_ns is not None:
-            decode_attrs, stalls, gaps_s, stall_perf_ns = decode_summary(record.token_perf_ns, record.token_prefill_tokens)
-            attrs.update(decode_attrs)
-            events = [(name, self.clock.to_wall_ns(t), a) for (name, _, a), t in zip(stalls, stall_perf_ns)]
-            samples["itl_gaps_s"] = gaps_s
         return s.SpanData(
-            name=STAGE_SPAN_NAMES[record.stage], kind=s.KIND_INTERNAL, trace_id=record.trace_id,
-            span_id=record.span_id, parent_span_id=record.parent_span_id, start_ns=interval.start_wall_ns,
-            end_ns=max(interval.end_wall_ns, interval.start_wall_ns), attributes=attrs, events=events,
-            error_type=record.error_type, samples=samples,
+            name=STAGE_SPAN_NAMES[record.stage], kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id,
+            span_id=record.span_id or s.new_span_id(), parent_span_id=record.ctx.span_id,
+            start_ns=interval.start_wall_ns, end_ns=max(interval.end_wall_ns, interval.start_wall_ns),
+            attributes=self._stage_attrs(record.attrs, interval.source), error_type=record.error_type,
+        )  # fmt: skip
+
+    def decode(self, record: DecodeRecord, interval: Interval) -> s.SpanData:
+        attrs = self._stage_attrs(record.attrs, interval.source)
+        decode_attrs, stalls, gaps_s, stall_perf_ns = decode_summary(record.token_perf_ns, record.token_prefill_tokens)
+        attrs.update(decode_attrs)
+        return s.SpanData(
+            name=s.SPAN_DECODE, kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id, span_id=s.new_span_id(),
+            parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
+            end_ns=max(interval.end_wall_ns, interval.start_wall_ns), attributes=attrs,
+            events=[(name, self.clock.to_wall_ns(t), a) for (name, _, a), t in zip(stalls, stall_perf_ns)],
+            error_type=record.error_type, samples={"itl_gaps_s": gaps_s},
         )  # fmt: skip
 
     def step(self, record: StepRecord, interval: Interval) -> s.SpanData:
@@ -158,8 +173,8 @@ class Summariser:
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
             attrs[s.ATTR_ITL_MEAN_S] = statistics.fmean(gaps)
         return s.SpanData(
-            name=f"{s.ROOT_SPAN_PREFIX} {record.model}", kind=s.KIND_SERVER, trace_id=record.trace_id,
-            span_id=record.span_id, parent_span_id=record.parent_span_id, start_ns=interval.start_wall_ns,
+            name=f"{s.ROOT_SPAN_PREFIX} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
+            span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
             end_ns=interval.end_wall_ns, attributes=attrs, error_type=record.error_type,
         )  # fmt: skip
 
@@ -301,6 +316,13 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.emitted = 0
+        self._convert = {
+            KIND_STAGE: summariser.stage,
+            KIND_STAGE_WALL: summariser.stage,
+            KIND_DECODE: summariser.decode,
+            KIND_STEP: summariser.step,
+            KIND_REQUEST: summariser.request,
+        }
 
     def start(self) -> Pipeline:
         self._thread = threading.Thread(target=self._run, name="splitscope-pipeline", daemon=True)
@@ -308,9 +330,7 @@ class Pipeline:
         return self
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.ring.wakeup.wait(self.interval_s)
-            self.ring.wakeup.clear()
+        while not self._stop.wait(self.interval_s):
             try:
                 self.drain_once()
             except Exception:  # the pipeline must outlive any one bad record
@@ -320,20 +340,23 @@ class Pipeline:
         """Resolve and emit what can be; returns the number of spans emitted. Pipeline thread only."""
         clock = self.summariser.clock
         now = perf_counter_ns()
-        records = self._pending + self.ring.drain(self.ring.capacity)
+        records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
         self._pending = []
         out: list[s.SpanData] = []
+        bad = 0
         for record in records:
-            interval = self._interval(record, now, force_host_timing)
-            if interval is None:
-                self._pending.append(record)
-                continue
-            if isinstance(record, StageRecord):
-                out.append(self.summariser.stage(record, interval))
-            elif isinstance(record, StepRecord):
-                out.append(self.summariser.step(record, interval))
-            elif isinstance(record, RequestRecord):
-                out.append(self.summariser.request(record, interval))
+            try:
+                interval = self._interval(record, now, force_host_timing)
+                if interval is None:
+                    self._pending.append(record)
+                    continue
+                out.append(self._convert[record.kind](record, interval))
+            except Exception:  # one malformed record (e.g. an unknown stage name) must not cost the batch
+                if not bad:
+                    log.exception("splitscope pipeline: dropping a malformed record %r", record[:3])
+                bad += 1
+        if bad:
+            self._drop("bad_record", bad)
         if len(self._pending) > self.max_pending:
             overflow = len(self._pending) - self.max_pending
             self._pending = self._pending[overflow:]
@@ -350,7 +373,7 @@ class Pipeline:
         return len(out)
 
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
-        if getattr(record, "wall", False):
+        if record.kind == KIND_STAGE_WALL:
             return Interval(record.start, record.end, SOURCE_HOST)
         clock = self.summariser.clock
         interval = clock.resolve(record.start, record.end, now)
@@ -366,7 +389,6 @@ class Pipeline:
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Stop the thread, emit what is left (pending CUDA records with host timing), flush the sink."""
         self._stop.set()
-        self.ring.wakeup.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         deadline = time.monotonic() + timeout_s

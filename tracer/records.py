@@ -11,8 +11,8 @@ it is full, the oldest record is dropped and counted.
 
 from __future__ import annotations
 
+import itertools
 import os
-import threading
 from array import array
 from collections import deque
 from typing import Any, NamedTuple
@@ -26,36 +26,57 @@ STAGE_DECODE = "decode"
 STAGES = (STAGE_QUEUE, STAGE_PREFILL, STAGE_KV_TRANSFER, STAGE_KV_SEND, STAGE_KV_RECV, STAGE_DECODE)
 
 
+# The hot path pushes plain tuples (a NamedTuple's constructor costs three times a tuple display);
+# the first field says which record it is, and the pipeline views it through the NamedTuples below.
+# The last field is the ring's sequence number (drop accounting). Trace contexts are kept as the
+# engine's immutable TraceContext objects: reading their fields is the pipeline's job.
+KIND_STAGE = 0
+KIND_STAGE_WALL = 1
+KIND_DECODE = 2
+KIND_STEP = 3
+KIND_REQUEST = 4
+
+
 class StageRecord(NamedTuple):
-    """One stage of one request, as the engine saw it.
+    """One stage of one request. `start`/`end` are marks of the tracer's clock (KIND_STAGE) or Unix ns
+    measured elsewhere, e.g. by the KV transfer (KIND_STAGE_WALL). `span_id` 0 means "assign one"."""
 
-    `start`/`end` are marks of the tracer's clock, or wall-clock ns when `wall` is True (times measured
-    elsewhere, e.g. by the KV transfer). `attrs` maps span attribute names to values. For decode,
-    `token_perf_ns` holds the host time each output token became available and `token_prefill_tokens` the
-    prefill tokens that shared that token's step (for stall attribution); both are `array`s, else None.
-    """
-
+    kind: int
     stage: str
-    trace_id: int
+    ctx: Any  # tracer.spans.TraceContext: the parent
     span_id: int
-    parent_span_id: int
     start: Any
     end: Any
-    attrs: dict[str, Any]
-    error_type: str = ""
-    wall: bool = False
-    token_perf_ns: array | None = None
-    token_prefill_tokens: array | None = None
+    attrs: dict[str, Any] | None
+    error_type: str
+    seq: int
+
+
+class DecodeRecord(NamedTuple):
+    """The decode stage of one request. `token_perf_ns[i]`: host perf_counter_ns at which token i
+    reached the host; `token_prefill_tokens[i]`: prefill tokens that shared its step (or None)."""
+
+    kind: int  # KIND_DECODE
+    ctx: Any
+    start: Any
+    end: Any
+    attrs: dict[str, Any] | None
+    error_type: str
+    token_perf_ns: array
+    token_prefill_tokens: array | None
+    seq: int
 
 
 class StepRecord(NamedTuple):
     """One engine iteration on one worker: the raw material of the interference measure."""
 
+    kind: int  # KIND_STEP
     start: Any
     end: Any
     decode_requests: int
     prefill_tokens: int
     context_tokens: int
+    seq: int
 
 
 class RequestRecord(NamedTuple):
@@ -65,9 +86,9 @@ class RequestRecord(NamedTuple):
     sent to the client; `token_gap_s` holds the inter-token gaps the client saw (seconds).
     """
 
-    trace_id: int
+    kind: int  # KIND_REQUEST
+    ctx: Any  # the client's context (span_id 0 when the client sent none)
     span_id: int
-    parent_span_id: int
     start: Any
     end: Any
     first_token: Any
@@ -77,49 +98,57 @@ class RequestRecord(NamedTuple):
     input_tokens: int
     output_tokens: int
     token_gap_s: array | None
-    error_type: str = ""
+    error_type: str
+    seq: int
+
+
+RECORD_TYPES = {
+    KIND_STAGE: StageRecord,
+    KIND_STAGE_WALL: StageRecord,
+    KIND_DECODE: DecodeRecord,
+    KIND_STEP: StepRecord,
+    KIND_REQUEST: RequestRecord,
+}
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted.
+    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
 
-    `push` never blocks. It sets `wakeup` when the ring passes half full, so the consumer can sleep on it
-    between periodic drains. The drop counter may under-count by a few under heavy concurrent pushes from
-    several threads (an unlocked `+=`); that is the price of a lock-free hot path. After `fork`, the child
-    starts with an empty ring (the records belong to the parent's exporter).
+    Producers call `append` (the deque's own method: atomic, never blocks) with a record whose last field
+    is `next(ring.seq)`. The consumer counts drops as gaps in the sequence numbers it drains, so the hot
+    path pays for no counter of its own. After `fork`, the child starts with an empty ring (the records
+    belong to the parent's exporter).
     """
 
     def __init__(self, capacity: int = 65536) -> None:
         if capacity < 2:
             raise ValueError("ring capacity must be at least 2")
         self.capacity = capacity
-        self._wake_at = capacity // 2
-        self._items: deque[Any] = deque(maxlen=capacity)
-        self.dropped = 0
-        self.wakeup = threading.Event()
-        os.register_at_fork(after_in_child=self._reset_after_fork)
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)
 
-    def _reset_after_fork(self) -> None:
-        self._items = deque(maxlen=self.capacity)
+    def _reset(self) -> None:
+        self._items: deque[Any] = deque(maxlen=self.capacity)
+        self.append = self._items.append
+        self.seq = itertools.count()
+        self._drained = 0
+        self._next_expected = 0  # one past the highest sequence number drained
         self.dropped = 0
-        self.wakeup = threading.Event()
 
     def push(self, record: Any) -> None:
-        items = self._items
-        size = len(items)
-        if size >= self._wake_at:
-            if size >= self.capacity:
-                self.dropped += 1
-            self.wakeup.set()
-        items.append(record)
+        """Append a record (for callers that do not hold `append`)."""
+        self.append(record)
 
     def drain(self, max_items: int) -> list[Any]:
-        """Up to `max_items` records, oldest first. Consumer thread only."""
+        """Up to `max_items` records, oldest first, and updates `dropped`. Consumer thread only."""
         items = self._items
-        out = []
         pop = items.popleft
-        for _ in range(min(max_items, len(items))):
-            out.append(pop())
+        out = [pop() for _ in range(min(max_items, len(items)))]
+        if out:
+            self._drained += len(out)
+            self._next_expected = max(self._next_expected, max(r[-1] for r in out) + 1)
+            # Records of concurrent producers can land slightly out of order; never let the count go down.
+            self.dropped = max(self.dropped, self._next_expected - self._drained)
         return out
 
     def __len__(self) -> int:

@@ -237,3 +237,16 @@ def test_gpu_sampler_with_nvml_sets_utilisation_and_memory():
         sampler.stop()
     assert registry.get_sample_value("splitscope_gpu_utilization_ratio", {"gpu": "0"}) == pytest.approx(0.87)
     assert registry.get_sample_value("splitscope_gpu_telemetry_up") == 1
+
+
+def test_a_malformed_record_is_dropped_and_counted_without_losing_the_batch(traced):
+    start, exporter, registry = traced
+    worker = start("colocated", "w0", interval_s=3600)
+    ctx = TraceContext.new_root().child(1)
+    worker.tracer.stage("prefill", ctx, 0, 10)
+    worker.tracer.stage("no-such-stage", ctx, 0, 10)
+    worker.tracer.stage("decode-ish", None, 0, 10)
+    worker.tracer.stage("queue", ctx, 0, 10)
+    worker.shutdown(1.0)
+    assert sorted(span.name for span in exporter.get_finished_spans()) == [s.SPAN_PREFILL, s.SPAN_QUEUE]
+    assert sample(registry, "splitscope_tracer_dropped_records_total", {"reason": "bad_record"}) == 2

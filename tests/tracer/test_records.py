@@ -1,38 +1,66 @@
-"""tracer.records: the bounded ring drops oldest, counts drops, wakes the consumer, resets after fork."""
+"""tracer.records: the bounded ring drops oldest, counts drops from sequence gaps, resets after fork."""
 
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
 from tracer.records import RecordRing
 
 
+def push(ring: RecordRing, value: int) -> None:
+    ring.append((value, next(ring.seq)))  # the hot path's shape: sequence number last
+
+
 def test_ring_drops_oldest_and_counts():
     ring = RecordRing(capacity=4)
     for i in range(10):
-        ring.push(i)
+        push(ring, i)
+    assert [r[0] for r in ring.drain(100)] == [6, 7, 8, 9]
     assert ring.dropped == 6
-    assert ring.drain(100) == [6, 7, 8, 9]
     assert len(ring) == 0
 
 
-def test_ring_wakes_consumer_at_half_full():
-    ring = RecordRing(capacity=8)
-    for i in range(4):
-        ring.push(i)
-    assert not ring.wakeup.is_set()
-    ring.push(4)
-    assert ring.wakeup.is_set()
-
-
-def test_drain_respects_max_items_in_order():
+def test_drain_respects_max_items_in_order_and_counts_no_drop_without_overflow():
     ring = RecordRing(capacity=16)
     for i in range(5):
-        ring.push(i)
-    assert ring.drain(2) == [0, 1]
-    assert ring.drain(10) == [2, 3, 4]
+        push(ring, i)
+    assert [r[0] for r in ring.drain(2)] == [0, 1]
+    assert [r[0] for r in ring.drain(10)] == [2, 3, 4]
+    assert ring.dropped == 0
+
+
+def test_drops_across_several_drains_accumulate():
+    ring = RecordRing(capacity=4)
+    for round_ in range(3):
+        for i in range(6):
+            push(ring, i)
+        ring.drain(100)
+    assert ring.dropped == 6
+
+
+def test_concurrent_producers_lose_nothing_but_the_counted_drops():
+    ring = RecordRing(capacity=1 << 16)
+    drained = []
+    stop = threading.Event()
+
+    def consume():
+        while not stop.is_set() or len(ring):
+            drained.extend(ring.drain(1024))
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    producers = [threading.Thread(target=lambda: [push(ring, i) for i in range(20_000)]) for _ in range(3)]
+    for p in producers:
+        p.start()
+    for p in producers:
+        p.join()
+    stop.set()
+    consumer.join()
+    assert len(drained) + ring.dropped == 60_000
+    assert ring.dropped == 0
 
 
 def test_capacity_must_hold_two():
@@ -43,15 +71,18 @@ def test_capacity_must_hold_two():
 def test_child_after_fork_starts_empty():
     ring = RecordRing(capacity=4)
     for i in range(6):
-        ring.push(i)
+        push(ring, i)
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: report what it sees, then leave without running the parent's atexit hooks
         os.close(read)
-        os.write(write, f"{len(ring)},{ring.dropped}".encode())
+        push(ring, 99)
+        os.write(write, f"{len(ring)},{[r[1] for r in ring.drain(10)]}".encode())
         os._exit(0)
     os.close(write)
     child_view = os.read(read, 100).decode()
     os.waitpid(pid, 0)
-    assert child_view == "0,0"
-    assert len(ring) == 4 and ring.dropped == 2
+    assert child_view == "1,[0]"  # empty ring, fresh sequence
+    assert len(ring) == 4
+    ring.drain(10)
+    assert ring.dropped == 2
