@@ -278,8 +278,10 @@ class BlockAllocator:
         added = 0
         with self._lock:
             for block_id, block_hash in zip(table.block_ids, hashes):
-                if self._refcount[block_id] == 0 or block_id in self._hash_of_block or block_hash in self._block_of_hash:
-                    continue  # a block nobody holds may be reused any moment: never cache it
+                if self._refcount[block_id] == 0:
+                    continue  # a block nobody holds may be handed out any moment: never cache it
+                if block_id in self._hash_of_block or block_hash in self._block_of_hash:
+                    continue
                 self._hash_of_block[block_id] = block_hash
                 self._block_of_hash[block_hash] = block_id
                 added += 1

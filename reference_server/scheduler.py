@@ -247,7 +247,8 @@ class Scheduler:
         blocks = blocks_for_tokens(self._kv_tokens_needed(request), self.allocator.block_size)
         if blocks > self.allocator.num_blocks:
             raise RequestRejected(
-                f"request {request.request_id}: needs {blocks} KV blocks, the whole cache has {self.allocator.num_blocks}"
+                f"request {request.request_id}: needs {blocks} KV blocks, "
+                f"the whole cache has {self.allocator.num_blocks}"
             )
         if len(self._waiting) >= self.max_waiting_requests:
             raise QueueFull(f"{len(self._waiting)} requests already waiting (bound {self.max_waiting_requests})")
