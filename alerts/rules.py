@@ -259,7 +259,7 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
             f"Split prefill and decode into two pools (interference {value_2f}x, SLO missed)",
             f"""The colocated pool's prefill steps slow decode steps {value_2f}x, time to first token
             (SLO {ttft_slo}) or inter-token latency (SLO {itl_slo}) misses its objective for more than
-            {_number(float(miss_budget) * 100)}% of requests, and prefill takes at least
+            {_number(float(miss_budget) * 100)}% of requests (or of token gaps), and prefill takes at least
             {_number(s.split_min_prefill_time_share * 100)}% of the pool's step time: enough load for a
             prefill pool of its own. Run `splitscope report` for the P:D ratio.""",
         ),
