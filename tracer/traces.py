@@ -168,6 +168,8 @@ def spans_from_request(request: dict[str, Any]) -> Iterator[Span]:
             for raw in scope_spans.get("spans", ()):
                 status = raw.get("status") or {}
                 parent = raw.get("parentSpanId") or ""
+                if not isinstance(raw.get("name"), str):
+                    raise ValueError(f"span name must be a string, got {raw.get('name')!r}")
                 yield Span(
                     trace_id=_hex_id(raw.get("traceId"), 32, "traceId"),
                     span_id=_hex_id(raw.get("spanId"), 16, "spanId"),
