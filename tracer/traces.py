@@ -158,6 +158,13 @@ def _hex_id(value: Any, length: int, what: str) -> str:
     return value.lower()
 
 
+def _span_name(raw: dict[str, Any]) -> str:
+    name = raw["name"]
+    if not isinstance(name, str):
+        raise ValueError(f"span name must be a string, got {name!r}")
+    return name
+
+
 def spans_from_request(request: dict[str, Any]) -> Iterator[Span]:
     """Spans of one decoded ExportTraceServiceRequest object. Raises ValueError/KeyError/TypeError."""
     if not isinstance(request, dict) or "resourceSpans" not in request:
@@ -168,13 +175,12 @@ def spans_from_request(request: dict[str, Any]) -> Iterator[Span]:
             for raw in scope_spans.get("spans", ()):
                 status = raw.get("status") or {}
                 parent = raw.get("parentSpanId") or ""
-                if not isinstance(raw.get("name"), str):
-                    raise ValueError(f"span name must be a string, got {raw.get('name')!r}")
+
                 yield Span(
                     trace_id=_hex_id(raw.get("traceId"), 32, "traceId"),
                     span_id=_hex_id(raw.get("spanId"), 16, "spanId"),
                     parent_span_id=_hex_id(parent, 16, "parentSpanId") if parent else "",
-                    name=raw["name"],
+                    name=_span_name(raw),
                     kind=int(raw.get("kind", 0)),
                     start_ns=int(raw["startTimeUnixNano"]),
                     end_ns=int(raw["endTimeUnixNano"]),
