@@ -108,6 +108,7 @@ class Report:
     windows: list[WindowResult]
     read: dict[str, Any]
     win_margin: float | None = None
+    model_check: dict[str, float] = field(default_factory=dict)
     data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
     step_fit: StepFit | None = field(default=None, repr=False)
 
@@ -249,7 +250,13 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     goodput = _mean_options(with_options) if with_options else []
     network = _network(measured, transfer, transfer_fit, final, goodput)
     evidence += _evidence(measured, step_fit, prefill_fit, transfer_fit, network, current, final, window_results)
-    evidence += _model_check(current, requests, costs, slo)
+    check = model_check(current, requests, costs, slo)
+    if check:
+        evidence.append(
+            f"model check on the current layout: predicted TTFT p50 {check['predicted_ttft_p50_s']:.3g} s vs measured "
+            f"{check['measured_ttft_p50_s']:.3g} s; predicted ITL {slo.itl_stat} p50 {check['predicted_itl_p50_s']:.3g} s vs "
+            f"measured {check['measured_itl_p50_s']:.3g} s"
+        )
     if final.verdict == "insufficient-data":
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + final.reasons,
                       assumptions, measured, network, window_results, read, data=data, step_fit=step_fit)
@@ -257,7 +264,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
         current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
-        win_margin=final.win_margin, data=data, step_fit=step_fit,
+        win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
     )
 
 
@@ -366,18 +373,20 @@ def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, trans
     return lines
 
 
-def _model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO) -> list[str]:
-    """The fitted model replaying the observed requests on the current layout, against what was measured."""
+def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO) -> dict[str, float]:
+    """The fitted model replaying the observed requests on the current layout, against what was measured:
+    medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds)."""
     ok = ~requests.failed
     if ok.sum() < 2:
-        return []
+        return {}
     result = simulate(current, _workload(requests.select(ok)), costs, slo)
     measured_itl = requests.itl(slo.itl_stat)[ok]
-    return [
-        f"model check on the current layout: predicted TTFT p50 {np.median(result.ttft_s):.3g} s vs measured "
-        f"{np.nanmedian(requests.ttft_s[ok]):.3g} s; predicted ITL {slo.itl_stat} p50 {np.median(result.itl(slo.itl_stat)):.3g} s vs "
-        f"measured {np.nanmedian(measured_itl) if np.any(~np.isnan(measured_itl)) else float('nan'):.3g} s"
-    ]
+    return {
+        "predicted_ttft_p50_s": float(np.median(result.ttft_s)),
+        "measured_ttft_p50_s": float(np.nanmedian(requests.ttft_s[ok])),
+        "predicted_itl_p50_s": float(np.median(result.itl(slo.itl_stat))),
+        "measured_itl_p50_s": float(np.nanmedian(measured_itl)) if np.any(~np.isnan(measured_itl)) else float("nan"),
+    }
 
 
 def _fits_dict(step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,

@@ -82,6 +82,7 @@ def to_json(report: Report) -> dict[str, Any]:
             "ttft_s": m.ttft_s, "itl_s": m.itl_s, "tpot_s": m.tpot_s, "stage_mean_s": m.stage_mean_s,
         },
         "network": report.network,
+        "model_check": report.model_check,
         "windows": [
             {"start_s": w.start_s, "end_s": w.end_s, "requests": w.requests, "verdict": w.decision.verdict, "ratio": w.decision.ratio,
              "chunk_budget_tokens": w.decision.chunk_budget_tokens}
