@@ -1,0 +1,156 @@
+"""The sidecar's export thread: takes batches off the ingest queue, adapts, meters and exports them.
+
+Per span:
+- our vocabulary (`splitscope.*`, `text_completion *`): exported unchanged and fed to MetricsRecorder,
+  exactly as a worker's in-process LocalSink would;
+- vLLM's `llm_request` (vllm.py): exported unchanged, plus our stage spans under it; the stage spans
+  and a metrics-only request span feed the metrics unless `vllm_span_metrics` is off (when the same
+  families come from scraping vLLM's /metrics: one source per engine, docs/engines.md);
+- anything else: exported unchanged, no metrics.
+
+Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
+drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
+the SDK's BatchSpanProcessor behind a `tracer.pipeline.LocalSink` per resource. Runs on one daemon thread;
+an exception in one batch is logged and the thread goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor
+
+from tracer import spans as s
+from tracer.pipeline import LocalSink, MetricsRecorder
+from tracer.sidecar.fast_json import LineEncoder, resource_prefix
+from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.vllm import VllmAdapter
+from tracer.traces import append_line
+
+log = logging.getLogger(__name__)
+
+_RESOURCE_CACHE_LIMIT = 4096
+
+
+def is_ours(span: s.SpanData) -> bool:
+    return span.name.startswith("splitscope.") or span.name.startswith(s.ROOT_SPAN_PREFIX + " ")
+
+
+class SpanExport:
+    """Consumer of an IngestQueue. `start()` runs it on a thread; `drain_once()` is the unit of work."""
+
+    def __init__(
+        self,
+        queue: IngestQueue,
+        metrics: MetricsRecorder,
+        *,
+        traces_file: str | None = None,
+        processors: Sequence[SpanProcessor] = (),
+        vllm: VllmAdapter | None = None,
+        vllm_span_metrics: bool = True,
+        on_error: Callable[[str, int], None] | None = None,
+    ) -> None:
+        self.queue = queue
+        self.metrics = metrics
+        self.traces_file = traces_file
+        self.processors = list(processors)
+        self.vllm = vllm
+        self.vllm_span_metrics = vllm_span_metrics
+        self._on_error = on_error
+        self._encoder = LineEncoder()
+        self._prefixes: dict[tuple, str] = {}
+        self._sinks: dict[tuple, LocalSink] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.exported_spans = 0
+        self.written_lines = 0
+
+    def start(self) -> SpanExport:
+        self._thread = threading.Thread(target=self._run, name="splitscope-sidecar-export", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.drain_once(timeout_s=0.2)
+
+    def drain_once(self, timeout_s: float = 0.0) -> int:
+        """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
+        batches = self.queue.take(timeout_s)
+        if not batches:
+            return 0
+        by_resource: dict[tuple, list[s.SpanData]] = {}
+        for batch in batches:
+            try:
+                by_resource.setdefault(batch.resource, []).extend(self._process(batch))
+            except Exception:  # one bad batch must not stop the sidecar
+                log.exception("splitscope sidecar: failed to process a batch of %d spans", len(batch.spans))
+                self._error("sidecar_export_failed", len(batch.spans))
+        exported = 0
+        for resource, spans in by_resource.items():
+            if spans:
+                exported += self._export(resource, spans)
+        self.exported_spans += exported
+        return exported
+
+    def _process(self, batch: Batch) -> list[s.SpanData]:
+        """Adapt and meter one batch; returns the spans to export (sampled only)."""
+        record = self.metrics.record
+        vllm = self.vllm
+        out = []
+        for span in batch.spans:
+            if vllm is not None and vllm.matches(span):
+                out.append(span)
+                stages = vllm.stage_spans(span)
+                out.extend(stages)
+                if self.vllm_span_metrics:
+                    for derived in stages:
+                        record(derived)
+                    record(vllm.request_metrics_span(span))
+                continue
+            if is_ours(span):
+                record(span)
+            if span.sampled:
+                out.append(span)
+        return out
+
+    def _export(self, resource: tuple, spans: list[s.SpanData]) -> int:
+        if self.traces_file:
+            prefix = self._prefixes.get(resource)
+            if prefix is None:
+                if len(self._prefixes) >= _RESOURCE_CACHE_LIMIT:
+                    self._prefixes.clear()
+                prefix = self._prefixes[resource] = resource_prefix(dict(resource))
+            try:
+                append_line(self.traces_file, self._encoder.line(prefix, spans))
+                self.written_lines += 1
+            except OSError as exc:
+                log.warning("splitscope sidecar: cannot write %s: %s", self.traces_file, exc)
+                self._error("sidecar_file_write_failed", len(spans))
+        if self.processors:
+            sink = self._sinks.get(resource)
+            if sink is None:
+                if len(self._sinks) >= _RESOURCE_CACHE_LIMIT:
+                    self._sinks.clear()
+                sink = self._sinks[resource] = LocalSink(Resource(dict(resource)), self.processors, None)
+            sink.emit(spans)
+        return len(spans)
+
+    def _error(self, reason: str, count: int) -> None:
+        if self._on_error is not None:
+            self._on_error(reason, count)
+
+    def shutdown(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread, export what is still queued, flush the OTLP exporters. Blocks up to ~timeout_s."""
+        self._stop.set()
+        self.queue.wake()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        while self.drain_once(0.0):
+            pass
+        for processor in self.processors:
+            processor.force_flush(int(timeout_s * 1000))
+            processor.shutdown()

@@ -1,0 +1,120 @@
+"""OTLP/HTTP receiver (POST /v1/traces) and the sidecar's /metrics and /health, on one aiohttp app.
+
+POST /v1/traces accepts `application/x-protobuf` and `application/json` (OTLP/JSON, hex ids), optionally
+`Content-Encoding: gzip`, and answers an ExportTraceServiceResponse in the request's encoding:
+- 200, with `partialSuccess.rejectedSpans` when the ingest queue was full (OTLP: do not retry those);
+- 400 with the reason for a malformed body, 413 for a body over `max_body_bytes` (before or after
+  decompression; gzip is inflated in bounded steps, so a gzip bomb costs at most that much memory),
+  415 for another content type, 401 without the bearer token when one is required.
+Handlers run on the event loop thread and never wait on export; /metrics renders on a worker thread
+because collecting may scrape an engine (scrape.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Callable
+
+from aiohttp import web
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from prometheus_client import CollectorRegistry
+
+from tracer.metrics import exposition
+from tracer.sidecar.auth import bearer_ok
+from tracer.sidecar.ingest_queue import IngestQueue
+from tracer.sidecar.otlp_decode import OtlpDecodeError, decode_json, decode_protobuf
+
+PROTOBUF = "application/x-protobuf"
+JSON = "application/json"
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def inflate_gzip(body: bytes, limit_bytes: int) -> bytes:
+    """Decompress a gzip body, refusing (BodyTooLarge) past `limit_bytes`; ValueError when not gzip."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(body, limit_bytes + 1)
+    except zlib.error as exc:
+        raise ValueError(f"body is not valid gzip: {exc}") from None
+    if len(out) > limit_bytes or inflater.unconsumed_tail:
+        raise BodyTooLarge(f"decompressed body exceeds {limit_bytes} bytes")
+    if not inflater.eof:
+        raise ValueError("gzip body is truncated")
+    return out
+
+
+def make_app(
+    queue: IngestQueue,
+    registry: CollectorRegistry,
+    *,
+    token: str = "",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_request: Callable[[int, int], None] | None = None,
+) -> web.Application:
+    """`on_request(accepted_spans, rejected_spans)` is called after each decoded export (tests, benches)."""
+
+    def answer(content_type: str, rejected: int, message: str = "", status: int = 200) -> web.Response:
+        response = ExportTraceServiceResponse()
+        if rejected or message:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = message
+        if content_type == JSON:
+            body = "{}" if not (rejected or message) else (
+                '{"partialSuccess":{"rejectedSpans":"%d","errorMessage":%s}}' % (rejected, _json_str(message))
+            )  # fmt: skip
+            return web.Response(status=status, text=body, content_type=JSON)
+        return web.Response(status=status, body=response.SerializeToString(), content_type=PROTOBUF)
+
+    async def traces(request: web.Request) -> web.Response:
+        if not bearer_ok(token, request.headers.get("Authorization")):
+            return web.Response(status=401, text="missing or wrong bearer token")
+        content_type = request.content_type
+        if content_type not in (PROTOBUF, JSON):
+            return web.Response(status=415, text=f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
+        body = await request.read()  # aiohttp answers 413 itself past client_max_size
+        encoding = request.headers.get("Content-Encoding", "identity").lower()
+        try:
+            if encoding == "gzip":
+                body = inflate_gzip(body, max_body_bytes)
+            elif encoding not in ("identity", ""):
+                return web.Response(status=415, text=f"unsupported content encoding {encoding!r}; use gzip")
+            batches = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
+        except BodyTooLarge as exc:
+            return web.Response(status=413, text=str(exc))
+        except (OtlpDecodeError, ValueError) as exc:
+            return web.Response(status=400, text=str(exc))
+        accepted = rejected = 0
+        for batch in batches:
+            if queue.offer(batch):
+                accepted += len(batch.spans)
+            else:
+                rejected += len(batch.spans)
+        if on_request is not None:
+            on_request(accepted, rejected)
+        return answer(content_type, rejected, "sidecar ingest queue full" if rejected else "")
+
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = await asyncio.get_running_loop().run_in_executor(
+            None, exposition, registry, request.headers.get("Accept")
+        )
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application(client_max_size=max_body_bytes)
+    app.router.add_post("/v1/traces", traces)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/health", health)
+    return app
+
+
+def _json_str(text: str) -> str:
+    import json
+
+    return json.dumps(text)

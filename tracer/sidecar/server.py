@@ -1,0 +1,157 @@
+"""One running sidecar: ingest (Unix socket, OTLP/HTTP, OTLP/gRPC), export thread, scrapers, GPU sampler.
+
+    sidecar = Sidecar(SidecarConfig(unix_socket="run/sidecar.sock", traces_file="traces.jsonl")).start()
+    ...
+    sidecar.stop()
+
+`start()` binds everything before returning (so a caller may connect at once) and raises OSError /
+RuntimeError / ValueError with a clear message when it cannot (port in use, token missing for a
+non-loopback bind). The OTLP/HTTP server runs an asyncio loop on its own thread; the Unix ingest and
+gRPC use threads; none of them waits on export (ingest_queue.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from tracer.gpu import GpuSampler
+from tracer.metrics import Catalogue, serve_metrics
+from tracer.pipeline import MetricsRecorder
+from tracer.session import span_processors
+from tracer.sidecar.auth import token_for
+from tracer.sidecar.export import SpanExport
+from tracer.sidecar.ingest_queue import IngestQueue
+from tracer.sidecar.otlp_grpc import start_grpc_server
+from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
+from tracer.sidecar.scrape import EngineScraper, merged_registry
+from tracer.sidecar.unix_ingest import UnixIngestServer
+from tracer.sidecar.vllm import VllmAdapter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SidecarConfig:
+    """Ports 0 pick a free port; None turns that receiver off. `scrape` holds (engine, url) pairs."""
+
+    host: str = "127.0.0.1"
+    http_port: int | None = 4318
+    grpc_port: int | None = 4317
+    unix_socket: str | None = None
+    traces_file: str | None = None
+    metrics_port: int | None = None
+    pool: str = "colocated"
+    worker: str = "engine"
+    mode: str = "colocated"
+    scrape: list[tuple[str, str]] = field(default_factory=list)
+    scrape_timeout_s: float = 2.0
+    max_queued_spans: int = 262_144
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    gpu: bool = True
+    environ: dict[str, str] | None = None  # OTEL_* for the OTLP exporter; None reads os.environ
+
+
+class Sidecar:
+    def __init__(self, config: SidecarConfig, registry: CollectorRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.catalogue = Catalogue(self.registry)
+        dropped = self.catalogue.tracer_dropped
+        self._count_drop = lambda reason, n: dropped.labels(reason=reason).inc(n)
+        self.queue = IngestQueue(config.max_queued_spans, self._count_drop)
+        scraped_engines = {engine for engine, _ in config.scrape}
+        self.scrapers = [
+            EngineScraper(url, engine, pool=config.pool, worker=config.worker, mode=config.mode,
+                          timeout_s=config.scrape_timeout_s)
+            for engine, url in config.scrape
+        ]  # fmt: skip
+        self.exposed_registry = merged_registry(self.registry, self.scrapers)
+        self.export = SpanExport(
+            self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
+            processors=span_processors(None, config.environ),
+            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode),
+            # One source per engine: when vLLM's /metrics is scraped, its families come from there.
+            vllm_span_metrics="vllm" not in scraped_engines, on_error=self._count_drop,
+        )  # fmt: skip
+        self.unix: UnixIngestServer | None = None
+        self.grpc_server = None
+        self.http_port: int | None = None
+        self.grpc_port: int | None = None
+        self.metrics_port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._http_runner: web.AppRunner | None = None
+        self._http_thread: threading.Thread | None = None
+        self._metrics_server = None
+        self._gpu: GpuSampler | None = None
+
+    def start(self) -> Sidecar:
+        config = self.config
+        token = token_for([config.host], config.environ)
+        if config.pool not in ("colocated", "prefill", "decode"):
+            raise ValueError(f"pool must be colocated, prefill or decode, got {config.pool!r}")
+        self.export.start()
+        try:
+            if config.unix_socket:
+                self.unix = UnixIngestServer(config.unix_socket, self.queue, token=token, on_drop=self._count_drop).start()
+            if config.grpc_port is not None:
+                self.grpc_server, self.grpc_port = start_grpc_server(
+                    self.queue, config.host, config.grpc_port, token=token, max_message_bytes=config.max_body_bytes
+                )
+            if config.http_port is not None:
+                self._start_http(token)
+            if config.metrics_port is not None:
+                self._metrics_server, _ = serve_metrics(self.exposed_registry, config.metrics_port, config.host)
+                self.metrics_port = self._metrics_server.server_port
+            if config.gpu:
+                self._gpu = GpuSampler(self.catalogue).start()
+        except BaseException:
+            self.stop(1.0)
+            raise
+        return self
+
+    def _start_http(self, token: str) -> None:
+        app = make_app(self.queue, self.exposed_registry, token=token, max_body_bytes=self.config.max_body_bytes)
+        loop = asyncio.new_event_loop()
+        runner = web.AppRunner(app, auto_decompress=False, access_log=None)  # gzip inflated by us, bounded
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, self.config.host, self.config.http_port)
+        try:
+            loop.run_until_complete(site.start())
+        except OSError as exc:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            raise OSError(f"cannot listen for OTLP/HTTP on {self.config.host}:{self.config.http_port}: {exc}") from None
+        self.http_port = runner.addresses[0][1]
+        self._loop, self._http_runner = loop, runner
+        self._http_thread = threading.Thread(target=loop.run_forever, name="splitscope-sidecar-http", daemon=True)
+        self._http_thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop receiving, export what was received, flush exporters. Blocks up to about `timeout_s`."""
+        if self.unix is not None:
+            self.unix.stop()
+        if self.grpc_server is not None:
+            self.grpc_server.stop(grace=min(1.0, timeout_s)).wait(timeout_s)
+        if self._loop is not None and self._http_runner is not None:
+            future = asyncio.run_coroutine_threadsafe(self._http_runner.cleanup(), self._loop)
+            try:
+                future.result(timeout_s)
+            except Exception:  # shutting down: a slow client must not keep us here
+                log.warning("splitscope sidecar: OTLP/HTTP server did not stop cleanly")
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            if self._http_thread is not None:
+                self._http_thread.join(timeout_s)
+            self._loop.close()
+            self._loop = None
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
+        if self._gpu is not None:
+            self._gpu.stop()
+        self.export.shutdown(timeout_s)
