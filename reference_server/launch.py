@@ -1,0 +1,295 @@
+"""`splitscope serve`: start the worker processes, run the router, stop everything on Ctrl-C / SIGTERM.
+
+The launcher (this process) starts one `python -m reference_server.worker` per worker, each binding
+free ports and announcing them on its stdout (`SPLITSCOPE_WORKER_READY {json}`), then runs the router
+(aiohttp) on `--port` in its own event loop. Layouts: `colocated` / `chunked` with `--workers N`, or
+`disaggregated` with `--prefill-workers P --decode-workers D`.
+
+No orphans: SIGTERM or SIGINT stops the router, then SIGTERMs every worker and waits (SIGKILL after a
+grace period). If the launcher itself is SIGKILLed, each worker gets SIGTERM from the kernel
+(`process_guard.die_with_parent`). A worker that exits while serving leaves the rotation; the rest
+keep serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import click
+
+log = logging.getLogger("reference_server.launch")
+
+READY_PREFIX = "SPLITSCOPE_WORKER_READY "  # the same as worker.READY_PREFIX (no torch import here)
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    mode: str = "colocated"
+    workers: int = 1
+    prefill_workers: int = 1
+    decode_workers: int = 1
+    preset: str = "small"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    traces_file: str | None = None
+    metrics_port: int | None = None
+    chunk_budget: int = 512
+    block_size: int = 16
+    kv_streams: int = 4
+    step_sample: int = 1
+    device: str = "cpu"
+    sidecar_socket: str | None = None
+    seed: int = 0
+    max_batch: int = 16
+    kv_blocks: int = 0
+    startup_timeout_s: float = 300.0
+
+    def roles(self) -> list[tuple[str, str]]:
+        """(role, name) of every worker, in start order."""
+        if self.mode == "disaggregated":
+            return [("prefill", f"prefill-{i}") for i in range(self.prefill_workers)] + [
+                ("decode", f"decode-{i}") for i in range(self.decode_workers)
+            ]
+        return [(self.mode, f"{self.mode}-{i}") for i in range(self.workers)]
+
+    def validate(self) -> None:
+        """Raise ValueError with one line naming the flag at fault."""
+        from reference_server.kv_cache import check_block_size
+        from reference_server.model import PRESETS
+
+        if self.mode not in ("colocated", "chunked", "disaggregated"):
+            raise ValueError(f"--mode must be colocated, chunked or disaggregated (got {self.mode!r})")
+        if self.preset not in PRESETS:
+            raise ValueError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
+        for flag, value in (("--workers", self.workers), ("--prefill-workers", self.prefill_workers),
+                            ("--decode-workers", self.decode_workers), ("--max-batch", self.max_batch),
+                            ("--kv-streams", self.kv_streams), ("--step-sample", self.step_sample)):  # fmt: skip
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1 (got {value})")
+        if self.chunk_budget <= self.max_batch:
+            raise ValueError(f"--chunk-budget ({self.chunk_budget}) must exceed --max-batch ({self.max_batch})")
+        if self.kv_blocks < 0:
+            raise ValueError(f"--kv-blocks must be >= 0 (0 = automatic), got {self.kv_blocks}")
+        try:
+            check_block_size(self.block_size)
+        except ValueError as exc:
+            raise ValueError(f"--block-size: {exc}") from None
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"--device must be cpu or cuda (got {self.device!r})")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
+
+
+@dataclass
+class WorkerProcess:
+    role: str
+    name: str
+    process: asyncio.subprocess.Process
+    ready: dict | None = None
+
+
+def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> list[str]:
+    command = [
+        sys.executable, "-m", "reference_server.worker", "--role", role, "--name", name,
+        "--parent-pid", str(os.getpid()), "--preset", config.preset, "--device", config.device,
+        "--block-size", str(config.block_size), "--kv-blocks", str(config.kv_blocks),
+        "--max-batch", str(config.max_batch), "--token-budget", str(config.chunk_budget),
+        "--kv-streams", str(config.kv_streams), "--seed", str(config.seed),
+        "--step-sample", str(config.step_sample), "--threads", str(threads),
+    ]  # fmt: skip
+    if config.traces_file:
+        command += ["--traces-file", config.traces_file]
+    if config.sidecar_socket:
+        command += ["--sidecar-socket", config.sidecar_socket]
+    return command
+
+
+async def _forward_output(stream: asyncio.StreamReader, name: str) -> None:
+    """Keep draining a worker's stdout after its ready line (so it never blocks on a full pipe)."""
+    while line := await stream.readline():
+        sys.stderr.write(f"[{name}] {line.decode(errors='replace')}")
+
+
+async def _await_ready(worker: WorkerProcess) -> dict:
+    stdout = worker.process.stdout
+    assert stdout is not None
+    while True:
+        line = await stdout.readline()
+        if not line:
+            code = await worker.process.wait()
+            raise RuntimeError(f"worker {worker.name} exited with status {code} before it was ready (see its log above)")
+        text = line.decode(errors="replace")
+        if text.startswith(READY_PREFIX):
+            return json.loads(text[len(READY_PREFIX):])
+        sys.stderr.write(f"[{worker.name}] {text}")
+
+
+async def start_workers(config: ServeConfig) -> list[WorkerProcess]:
+    """Start every worker and wait until each announced its ports. On failure, stop them all and raise."""
+    roles = config.roles()
+    threads = max(1, (os.cpu_count() or 1) // len(roles))
+    workers: list[WorkerProcess] = []
+    try:
+        for role, name in roles:
+            process = await asyncio.create_subprocess_exec(
+                *worker_command(config, role, name, threads), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+            )
+            workers.append(WorkerProcess(role, name, process))
+        readies = await asyncio.wait_for(asyncio.gather(*(_await_ready(w) for w in workers)), config.startup_timeout_s)
+    except BaseException as exc:
+        await stop_workers(workers)
+        if isinstance(exc, asyncio.TimeoutError):
+            raise RuntimeError(f"workers were not ready within {config.startup_timeout_s:g} s") from None
+        raise
+    for worker, ready in zip(workers, readies):
+        worker.ready = ready
+        assert worker.process.stdout is not None
+        asyncio.create_task(_forward_output(worker.process.stdout, worker.name))
+    return workers
+
+
+async def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM every live worker, wait up to `grace_s`, SIGKILL the rest, and reap them all."""
+    for worker in workers:
+        if worker.process.returncode is None:
+            try:
+                worker.process.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    async def reap(worker: WorkerProcess) -> None:
+        try:
+            await asyncio.wait_for(worker.process.wait(), grace_s)
+        except asyncio.TimeoutError:
+            log.warning("worker %s did not stop within %g s; killing it", worker.name, grace_s)
+            try:
+                worker.process.kill()
+            except ProcessLookupError:
+                pass
+            await worker.process.wait()
+
+    await asyncio.gather(*(reap(w) for w in workers))
+
+
+async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:  # fmt: skip
+    """Run the server until SIGTERM/SIGINT (or `stop` is set). `on_ready(url)` once it serves."""
+    from aiohttp import web
+
+    from reference_server.router import Endpoint, Router
+    from tracer import start_tracing
+    from tracer.gpu import GpuSampler
+
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket)
+    gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
+    click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
+    workers = await start_workers(config)
+    stopping = False
+    runners: list[web.AppRunner] = []
+    router: Router | None = None
+    watchers: list[asyncio.Task] = []
+    try:
+        ready = [w.ready for w in workers if w.ready]
+        router = Router(
+            mode=config.mode,
+            model=config.preset,
+            max_context_tokens=min(r["max_context_tokens"] for r in ready),
+            endpoints=[Endpoint.from_ready(r) for r in ready],
+            tracing=tracing,
+        )
+        await router.start()
+
+        async def watch(worker: WorkerProcess) -> None:
+            code = await worker.process.wait()
+            if not stopping:
+                log.error("worker %s exited with status %s; serving on without it", worker.name, code)
+                assert router is not None
+                router.mark_dead(worker.name)
+
+        watchers = [asyncio.create_task(watch(w)) for w in workers]
+        sites = [(router.app(), config.port)]
+        if config.metrics_port is not None:
+            sites.append((router.metrics_app(), config.metrics_port))
+        for app, port in sites:
+            runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, config.host, port, shutdown_timeout=2.0).start()
+        url = f"http://{config.host}:{config.port}"
+        click.echo(f"serving {config.preset} ({config.mode}: {', '.join(w.name for w in workers)}) on {url}", err=True)
+        if on_ready is not None:
+            on_ready(url)
+        await stop.wait()
+    finally:
+        stopping = True
+        click.echo("stopping...", err=True)
+        for runner in runners:
+            await runner.cleanup()
+        if router is not None:
+            await router.close()
+        await stop_workers(workers)
+        for task in watchers:
+            task.cancel()
+        if gpu is not None:
+            gpu.stop()
+        await asyncio.to_thread(tracing.shutdown, 5.0)
+
+
+@click.command("serve")
+@click.option("--mode", type=click.Choice(["colocated", "chunked", "disaggregated"]), default="colocated",
+              show_default=True, help="colocated (whole prefills join decode steps), chunked (token budget per step), "
+              "or disaggregated (separate prefill and decode pools, KV moved over TCP)")
+@click.option("--workers", type=int, default=None, help="workers in a colocated/chunked layout [1]")
+@click.option("--prefill-workers", type=int, default=None, help="prefill workers (disaggregated) [1]")
+@click.option("--decode-workers", type=int, default=None, help="decode workers (disaggregated) [1]")
+@click.option("--preset", default="small", show_default=True, help="model shape preset (tiny, small, ...)")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address the router binds")
+@click.option("--port", type=int, default=8000, show_default=True, help="router port (/v1/completions, /health, /metrics)")
+@click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
+@click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
+@click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
+@click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
+@click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
+@click.option("--step-sample", type=int, default=1, show_default=True, help="keep one step span in N")
+@click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
+@click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
+@click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
+@click.option("--max-batch", type=int, default=16, show_default=True, help="sequences per engine step")
+@click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
+def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
+                  **options: object) -> None:  # fmt: skip
+    """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
+    if mode == "disaggregated" and workers is not None:
+        raise click.UsageError("--workers is for colocated/chunked; use --prefill-workers and --decode-workers")
+    if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):
+        raise click.UsageError("--prefill-workers/--decode-workers need --mode disaggregated")
+    config = ServeConfig(
+        mode=mode, workers=workers or 1, prefill_workers=prefill_workers or 1, decode_workers=decode_workers or 1,
+        **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+    try:
+        config.validate()
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(config))
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:  # e.g. the port is taken
+        raise click.ClickException(f"cannot serve: {exc}") from None
