@@ -348,7 +348,7 @@ GROUND_TRUTH_STEP = StepCosts(base_s=0.008, context_s_per_token=2e-7, decode_s_p
 _KV = 131072.0
 
 
-def _costs(link_gbps: float = 100.0) -> Costs:
+def ground_truth_costs(link_gbps: float = 100.0) -> Costs:
     return Costs(GROUND_TRUTH_STEP, TransferCosts(_KV, link_gbps * 1e9 / 8, 0.002))
 
 
@@ -356,19 +356,19 @@ def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
     """Named ground truths used by tests, benches and docs (see tests/report/test_verdicts.py)."""
     if name == "chatty":  # short prompts, loose ITL SLO: interference is harmless, a split only wastes GPUs
         work = synthetic_workload(n_requests, 8.0, prompt_tokens=(50, 150), output_tokens=(100, 300), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.25)
+        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.25)
     if name == "long-prompts":  # prompts stall decodes under colocation; chunks of 512 keep ITL in SLO
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(600, 1200), output_tokens=(100, 250), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.1)
+        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.1)
     if name == "strict-itl":  # any prefill in a decode step breaks a tight ITL SLO: only a split meets it
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, _costs(), 1.0, 0.035)
+        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.035)
     if name == "wrong-split":  # decode-heavy workload deployed prefill-heavy (3:1)
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(200, 400), output_tokens=(200, 400), seed=seed)
-        return Scenario(Layout("disaggregated", prefill_workers=3, decode_workers=1), work, _costs(), 1.0, 0.035)
+        return Scenario(Layout("disaggregated", prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035)
     if name == "slow-link":  # strict-itl's split, but the KV crosses a slow link: the transfer eats the TTFT
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work, _costs(link_gbps=1.0), 1.0, 0.06)
+        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work, ground_truth_costs(link_gbps=1.0), 1.0, 0.06)
     raise ValueError(f"unknown scenario {name!r}")
 
 

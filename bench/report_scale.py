@@ -1,0 +1,74 @@
+"""Report scale: a trace file of about a million spans to a verdict (target <= 30 s, <= 2 GiB peak).
+
+    .venv/bin/python bench/report_scale.py [--spans 1000000] [--keep DIR]
+
+Generates the file from a ground-truth cost model (tracer.report.synthetic; not timed), then runs
+`build_report` in a fresh child process and prints its wall time, peak RSS, the share spent reading the
+file (tracer.traces.iter_spans + our column extraction) and spans per second, all measured in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tracer.report.simulate import Layout
+from tracer.report.synthetic import ground_truth_costs, synthetic_workload, write_traces
+
+_SPANS_PER_REQUEST = 55  # colocated x4, prompts 800-1600, outputs 50-150 at 6 req/s: about 51 steps per request
+
+_CHILD = r"""
+import json, resource, sys, time
+from tracer.report.build import ReportOptions, report_from_data
+from tracer.report.load import load_traces
+from tracer.report.render import headline, render
+from tracer.report.simulate import SLO
+started = time.perf_counter()
+data = load_traces([sys.argv[1]])
+loaded = time.perf_counter()
+report = report_from_data(data, ReportOptions(SLO(1.0, 0.1)))
+decided = time.perf_counter()
+render(report, "json")
+rendered = time.perf_counter()
+print(json.dumps({
+    "spans": data.read.spans, "requests": len(data.requests), "steps": len(data.steps),
+    "load_s": loaded - started, "decide_s": decided - loaded, "render_json_s": rendered - decided,
+    "total_s": rendered - started, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    "verdict": headline(report),
+}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spans", type=int, default=1_000_000)
+    parser.add_argument("--keep", type=Path, help="folder to keep (and reuse) the generated trace file in")
+    args = parser.parse_args()
+    folder = args.keep or Path(tempfile.mkdtemp(prefix="report-scale-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"scale-{args.spans}.jsonl"
+    if not path.exists():
+        started = time.perf_counter()
+        n_requests = max(20, args.spans // _SPANS_PER_REQUEST)
+        workload = synthetic_workload(n_requests, 6.0, prompt_tokens=(800, 1600), output_tokens=(50, 150), seed=11)
+        write_traces(path, Layout("colocated", workers=4), workload, ground_truth_costs(), noise_sigma=0.05, seed=11)
+        print(f"generated {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - started:.1f} s (not part of the figures)")
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"file: {path.stat().st_size / 2**20:.0f} MiB, {figures['spans']} spans ({figures['requests']} requests, {figures['steps']} steps)")
+    print(f"verdict: {figures['verdict']}")
+    print(f"total {figures['total_s']:.1f} s (target 30 s: {figures['total_s'] / 30:.2f}x of budget); "
+          f"peak RSS {figures['peak_rss_bytes'] / 2**30:.2f} GiB (target 2 GiB: {figures['peak_rss_bytes'] / 2**31:.2f}x)")
+    print(f"load {figures['load_s']:.1f} s ({figures['load_s'] / figures['total_s']:.0%} of total, "
+          f"{figures['spans'] / figures['load_s']:,.0f} spans/s); decide {figures['decide_s']:.1f} s; render json {figures['render_json_s']:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
