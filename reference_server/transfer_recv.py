@@ -346,8 +346,9 @@ class KVReceiver:
                 checksum = new_checksum()
                 with closing(self._access.write_runs(dst_block_ids)) as buffers:
                     for buffer in buffers:
-                        recv_exactly_into(sock, buffer, should_abort=assembly.is_failed)
-                        checksum.update(buffer)
+                        recv_exactly_into(
+                            sock, buffer, should_abort=assembly.is_failed, on_received=checksum.update
+                        )
                 trailer = read_frame(sock)
             expected = parse_trailer(trailer or {}, header.transfer_id, header.stream)
             if expected != checksum.intdigest():

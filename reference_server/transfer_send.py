@@ -26,6 +26,7 @@ import torch
 from reference_server.transfer_clock import ClockEstimate, best_estimate
 from reference_server.transfer_pool import PoolBytes, pool_bytes
 from reference_server.transfer_wire import (
+    CHECKSUM_CHUNK_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,
     KVTransferError,
@@ -403,8 +404,10 @@ class KVSender:
                 checksum = new_checksum()
                 with closing(access.read_runs(src_block_ids)) as runs:
                     for run in runs:
-                        sock.sendall(run)
-                        checksum.update(run)
+                        for begin in range(0, len(run), CHECKSUM_CHUNK_BYTES):
+                            piece = run[begin : begin + CHECKSUM_CHUNK_BYTES]
+                            checksum.update(piece)
+                            sock.sendall(piece)
                 send_frame(sock, trailer_message(transfer_id, stream, checksum.intdigest()))
                 return expect_reply(read_frame(sock), "done")
         except KVTransferError as error:

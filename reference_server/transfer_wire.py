@@ -100,6 +100,11 @@ def tune_socket(sock: socket.socket, buffer_bytes: int | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
+# Sends go out in pieces this size, each checksummed just before the kernel copies it: the checksum pulls
+# the piece into cache and the copy reads it from there, instead of two passes over memory.
+CHECKSUM_CHUNK_BYTES = 256 << 10
+
+
 def new_checksum() -> xxhash.xxh3_64:
     """A running checksum; ``update(buffer)`` releases the GIL for buffers above 64 KiB."""
     return xxhash.xxh3_64()
@@ -167,12 +172,14 @@ def recv_exactly_into(
     *,
     eof_ok: bool = False,
     should_abort: Callable[[], bool] | None = None,
+    on_received: Callable[[memoryview], object] | None = None,
 ) -> bool:
     """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copy); blocking, socket timeout applies.
 
     Returns False only if ``eof_ok`` and the peer closed before the first byte. Raises ConnectionError on
     EOF mid-buffer; OSError/TimeoutError as the socket raises them. ``should_abort`` is polled between
-    ``recv_into`` calls; when it returns True the read stops with ``TransferAborted``.
+    ``recv_into`` calls; when it returns True the read stops with ``TransferAborted``. ``on_received``
+    sees each piece as it lands, while it is still in cache (the checksum reads it there).
     """
     received = 0
     size = len(view)
@@ -184,6 +191,8 @@ def recv_exactly_into(
             if received == 0 and eof_ok:
                 return False
             raise ConnectionError(f"peer closed the connection after {received} of {size} bytes")
+        if on_received is not None:
+            on_received(view[received : received + count])
         received += count
     return True
 

@@ -1,0 +1,249 @@
+"""KV transfer throughput against raw loopback TCP, measured in the same run.
+
+For each stream count and block size, a request's blocks go from a sender pool (this process) into a
+receiver pool (a second process, as between two workers): ``KVSender.send`` end to end, header round trip,
+checksums and all, against plain ``sendall``/``recv_into`` of the same bytes over the same number of
+connections, with no protocol. Source and destination block ids are shuffled, as in fragmented pools, so
+every block is its own run. Raw and KV runs alternate. Throughputs are the best of the repeats (other
+processes share the machine; the fastest run is the least disturbed), and the ratio of medians is shown
+beside the ratio of bests.
+
+    .venv/bin/python bench/kv_transfer.py                     # the table recorded in bench/RESULTS.md
+    .venv/bin/python bench/kv_transfer.py --sizes-mib 64 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import socket
+import statistics
+import struct
+import sys
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy  # noqa: E402
+import torch  # noqa: E402
+
+from reference_server.transfer import KVReceiver, KVSender  # noqa: E402
+from reference_server.transfer_wire import new_checksum  # noqa: E402
+
+# A small Llama-like KV shape: 8 layers, 4 KV heads of 128, bf16 -> 16 KiB per token.
+LAYERS, KV_HEADS, HEAD_DIM, DTYPE = 8, 4, 128, torch.bfloat16
+BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2
+_RAW_HEADER = struct.Struct("!QQ")  # offset, length of one raw stream's share
+
+
+def make_pool(num_blocks: int, block_tokens: int, fill: bool) -> torch.Tensor:
+    shape = (num_blocks, 2, LAYERS, block_tokens, KV_HEADS, HEAD_DIM)
+    if fill:
+        return torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(DTYPE)
+    return torch.zeros(shape, dtype=DTYPE)
+
+
+# ------------------------------------------------------------------------------------------------ receiver
+
+
+def receiver_process(commands: Connection, max_bytes: int) -> None:
+    """The receiving worker: a raw TCP sink and one KVReceiver at a time; driven over ``commands``."""
+    raw_sink = bytearray(max_bytes)
+    raw_listener = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=raw_accept_loop, args=(raw_listener, raw_sink), daemon=True).start()
+    commands.send(raw_listener.getsockname()[:2])
+    receiver: KVReceiver | None = None
+    while True:
+        command = commands.recv()
+        if receiver is not None:
+            receiver.close()
+            receiver = None
+        if command[0] == "stop":
+            return
+        _, block_tokens, num_blocks = command
+        free_ids = list(range(num_blocks))
+        random.Random(2).shuffle(free_ids)
+        lock = threading.Lock()
+
+        def allocate(count: int, free_ids: list[int] = free_ids, lock: threading.Lock = lock) -> list[int] | None:
+            with lock:
+                if len(free_ids) < count:
+                    return None
+                taken = free_ids[:count]
+                del free_ids[:count]
+                return taken
+
+        def free(block_ids: list[int], free_ids: list[int] = free_ids, lock: threading.Lock = lock) -> None:
+            with lock:
+                free_ids.extend(block_ids)
+                random.shuffle(free_ids)
+
+        receiver = KVReceiver(
+            make_pool(num_blocks, block_tokens, fill=False),
+            allocate_blocks=allocate,
+            free_blocks=free,
+            on_complete=lambda _rid, block_ids, _meta, _info, free=free: free(block_ids),
+            on_failed=lambda rid, reason: print(f"receiver: {rid} failed: {reason}", file=sys.stderr),
+        )
+        commands.send(receiver.address)
+
+
+def raw_accept_loop(listener: socket.socket, sink: bytearray) -> None:
+    view = memoryview(sink)
+    while True:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=raw_serve, args=(conn, view), daemon=True).start()
+
+
+def raw_serve(conn: socket.socket, view: memoryview) -> None:
+    header = bytearray(_RAW_HEADER.size)
+    with conn:
+        while True:
+            if conn.recv_into(header, _RAW_HEADER.size, socket.MSG_WAITALL) < _RAW_HEADER.size:
+                return
+            offset, length = _RAW_HEADER.unpack(header)
+            target = view[offset : offset + length]
+            received = 0
+            while received < length:
+                count = conn.recv_into(target[received:])
+                if count == 0:
+                    return
+                received += count
+            conn.sendall(b"k")
+
+
+# ------------------------------------------------------------------------------------------------ sender
+
+
+class RawSender:
+    """The baseline: N persistent connections, each sends its share and waits for a one-byte ack."""
+
+    def __init__(self, address: tuple[str, int], streams: int, executor: ThreadPoolExecutor) -> None:
+        self._connections = [socket.create_connection(address) for _ in range(streams)]
+        for conn in self._connections:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._executor = executor
+
+    def send(self, payload: memoryview) -> float:
+        count = len(self._connections)
+        bounds = [len(payload) * k // count for k in range(count + 1)]
+        start = time.perf_counter()
+        futures = [
+            self._executor.submit(self._send_share, self._connections[k], payload, bounds[k], bounds[k + 1])
+            for k in range(1, count)
+        ]
+        self._send_share(self._connections[0], payload, bounds[0], bounds[1])
+        for future in futures:
+            future.result()
+        return time.perf_counter() - start
+
+    @staticmethod
+    def _send_share(conn: socket.socket, payload: memoryview, begin: int, end: int) -> None:
+        conn.sendall(_RAW_HEADER.pack(begin, end - begin))
+        conn.sendall(payload[begin:end])
+        if conn.recv(1) != b"k":
+            raise RuntimeError("raw receiver did not acknowledge")
+
+    def close(self) -> None:
+        for conn in self._connections:
+            conn.close()
+
+
+def checksum_rates_gb_s(size_bytes: int = 64 << 20) -> dict[str, float]:
+    data = memoryview(numpy.random.default_rng(1).bytes(size_bytes))  # zero pages would flatter the rates
+
+    def xxh3() -> None:
+        checksum = new_checksum()
+        checksum.update(data)
+        checksum.intdigest()
+
+    rates = {}
+    for name, run in (("xxh3_64 (used)", xxh3), ("zlib.crc32", lambda: zlib.crc32(data))):
+        best = min(_timed(run) for _ in range(3))
+        rates[name] = size_bytes / best / 1e9
+    return rates
+
+
+def _timed(run) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--block-tokens", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=7, help="runs of each kind per row")
+    args = parser.parse_args()
+    if min(args.streams) < 1 or min(args.block_tokens) < 1 or min(args.sizes_mib) < 1 or args.repeats < 1:
+        parser.error("streams, block tokens, sizes and repeats must be positive")
+
+    max_bytes = max(args.sizes_mib) << 20
+    context = multiprocessing.get_context("spawn")
+    ours, theirs = context.Pipe()
+    child = context.Process(target=receiver_process, args=(theirs, max_bytes), daemon=True)
+    child.start()
+    raw_address = tuple(ours.recv())
+    payload = memoryview(numpy.random.default_rng(0).bytes(max_bytes))
+    executor = ThreadPoolExecutor(max_workers=max(args.streams))
+
+    print(f"# KV transfer vs raw loopback TCP ({torch.get_num_threads()} torch threads, {BYTES_PER_TOKEN} B/token)")
+    for name, rate in checksum_rates_gb_s().items():
+        print(f"# checksum {name}: {rate:.1f} GB/s on one core")
+    print("| streams | block tokens | block KiB | transfer MiB | raw GB/s | KV GB/s | KV / raw | KV / raw (medians) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ratios_at_64mib: list[float] = []
+    try:
+        for block_tokens in args.block_tokens:
+            block_bytes = block_tokens * BYTES_PER_TOKEN
+            max_blocks = max(1, max_bytes // block_bytes)
+            ours.send(("kv", block_tokens, 2 * max_blocks))
+            kv_address = tuple(ours.recv())
+            src_pool = make_pool(2 * max_blocks, block_tokens, fill=True)
+            for size_mib in args.sizes_mib:
+                blocks = max(1, (size_mib << 20) // block_bytes)
+                for streams in args.streams:
+                    raw = RawSender(raw_address, streams, executor)
+                    with KVSender(streams=streams) as sender:
+                        src_ids = random.Random(blocks + streams).sample(range(2 * max_blocks), blocks)
+                        sender.send("warmup", src_pool, src_ids, kv_address)  # connections + clock offset
+                        raw.send(payload[: blocks * block_bytes])
+                        raw_s, kv_s = [], []
+                        for repeat in range(args.repeats):
+                            raw_s.append(raw.send(payload[: blocks * block_bytes]))
+                            result = sender.send(f"r{repeat}", src_pool, src_ids, kv_address)
+                            kv_s.append(result.duration_s)
+                    raw.close()
+                    nbytes = blocks * block_bytes
+                    raw_rate = nbytes / min(raw_s) / 1e9
+                    kv_rate = nbytes / min(kv_s) / 1e9
+                    median_ratio = statistics.median(raw_s) / statistics.median(kv_s)
+                    if size_mib >= 64:
+                        ratios_at_64mib.append(kv_rate / raw_rate)
+                    print(
+                        f"| {streams} | {block_tokens} | {block_bytes >> 10} | {nbytes / (1 << 20):.0f} "
+                        f"| {raw_rate:.2f} | {kv_rate:.2f} | {kv_rate / raw_rate:.2f} | {median_ratio:.2f} |",
+                        flush=True,
+                    )
+    finally:
+        ours.send(("stop",))
+        child.join(10)
+        executor.shutdown()
+    if ratios_at_64mib:
+        print(
+            f"# KV / raw (bests) for transfers >= 64 MiB: median {statistics.median(ratios_at_64mib):.2f}, "
+            f"min {min(ratios_at_64mib):.2f} (target >= 0.8)"
+        )
+
+
+if __name__ == "__main__":
+    main()
