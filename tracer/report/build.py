@@ -217,7 +217,6 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     fits = _fits_dict(step_fit, prefill_fit, transfer_fit, transfer)
 
     if missing or step_fit is None or current is None:
-        decision = insufficient(missing)
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, [], fits, evidence + missing,
                       assumptions, measured, {}, [], read, data=data, step_fit=step_fit)
 

@@ -173,7 +173,6 @@ def _lines(
 ) -> Iterator[str]:
     assert result.timeline is not None and result.steps is not None and result.token_gaps is not None
     ids = _Ids(rng)
-    tl = result.timeline
     prefill_pool, decode_pool = _pool_names(layout)
     router = {"service.name": "splitscope-router", "service.instance.id": "router-0"}
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
