@@ -1,0 +1,65 @@
+"""Sidecar test helpers: a running sidecar on free ports, waiting on conditions with deadlines."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tracer.sidecar.server import Sidecar, SidecarConfig
+from tracer.traces import Span, iter_spans
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "condition") -> object:
+    """Poll `condition` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.01)  # poll interval of a condition wait, not a wait for something to happen
+
+
+def read_spans(path: Path) -> list[Span]:
+    # skip_bad: a line being appended right now may be read half-written; the caller waits for more.
+    return list(iter_spans([path], skip_bad=True)) if path.exists() else []
+
+
+def spans_when(path: Path, count: int, timeout_s: float = 10.0) -> list[Span]:
+    """The spans of `path` once it holds at least `count` of them."""
+
+    def enough() -> list[Span] | None:
+        spans = read_spans(path)
+        return spans if len(spans) >= count else None
+
+    return wait_for(enough, timeout_s, f"{count} spans in {path.name}")
+
+
+def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.read()
+
+
+@pytest.fixture
+def make_sidecar(tmp_path):
+    """Start sidecars on OS-chosen ports with a traces file in tmp_path; all stopped at teardown."""
+    started: list[Sidecar] = []
+
+    def start(**overrides) -> Sidecar:
+        settings = dict(http_port=0, grpc_port=0, traces_file=str(tmp_path / "traces.jsonl"), gpu=False, environ={})
+        settings.update(overrides)
+        sidecar = Sidecar(SidecarConfig(**settings)).start()
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.stop(2.0)
