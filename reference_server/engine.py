@@ -293,7 +293,7 @@ class Engine:
         if tracked is None:  # its stream is gone (client left, or the request failed elsewhere)
             self.free_blocks(block_ids)
             return
-        self._record_recv(tracked, info)
+        self._record_recv(tracked, info, str(meta.get("src_worker") or info.src))
         first_token = meta.get("first_token_id")
         request = tracked.request
         if not isinstance(first_token, int) or meta.get("prompt_tokens") != len(request.prompt_token_ids):
@@ -504,11 +504,10 @@ class Engine:
         if self.role != "prefill":
             self._record_decode(t, error_type)
 
-    def _record_recv(self, t: Tracked, info: Any) -> None:
+    def _record_recv(self, t: Tracked, info: Any, src: str) -> None:
         parent = TraceContext.from_traceparent(getattr(info, "traceparent", None)) or t.ctx
-        self.tracer.stage_wall(
-            "kv_transfer.recv", parent, info.recv_start_wall_ns, info.recv_end_wall_ns, kv_attributes(info, dst=self.kv_address)
-        )
+        attrs = kv_attributes(info, src=src[:100], dst=self.kv_address)
+        self.tracer.stage_wall("kv_transfer.recv", parent, info.recv_start_wall_ns, info.recv_end_wall_ns, attrs)
 
 
 def kv_attributes(info: Any, *, src: str | None = None, dst: str | None = None) -> dict[str, Any]:

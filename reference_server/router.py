@@ -59,13 +59,14 @@ class Endpoint:
     pool: str  # colocated | prefill | decode
     url: str  # http://host:port of its internal API
     kv_address: str | None = None  # decode workers: host:port of the KV receiver
+    pid: int | None = None
     alive: bool = True
     inflight: int = 0
     inflight_tokens: int = 0
 
     @classmethod
     def from_ready(cls, ready: dict[str, Any]) -> Endpoint:
-        return cls(ready["name"], ready["pool"], ready["url"], ready.get("kv_address"))
+        return cls(ready["name"], ready["pool"], ready["url"], ready.get("kv_address"), ready.get("pid"))
 
 
 class UpstreamError(Exception):
@@ -217,7 +218,10 @@ class Router:
             "mode": self.mode,
             "model": self.limits.model,
             "inflight": self.inflight,
-            "workers": [{"name": e.name, "pool": e.pool, "alive": e.alive, "inflight": e.inflight} for e in self.endpoints],
+            "workers": [
+                {"name": e.name, "pool": e.pool, "pid": e.pid, "alive": e.alive, "inflight": e.inflight}
+                for e in self.endpoints
+            ],
         }
         return web.json_response(body, status=200 if self.healthy() else 503)
 
