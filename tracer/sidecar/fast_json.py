@@ -111,8 +111,11 @@ class LineEncoder:
             f'{{"traceId":"{d.trace_id:032x}","spanId":"{d.span_id:016x}",'
             + (f'"parentSpanId":"{parent:016x}","flags":768,' if parent else '"flags":256,')
             + '"name":' + self._json_string(d.name) + ',"kind":' + (str(kind) if 1 <= kind <= 5 else "1")
-            + f',"startTimeUnixNano":"{d.start_ns}","endTimeUnixNano":"{d.end_ns}"'
         )  # fmt: skip
+        if d.start_ns:  # proto3 JSON leaves zero values out
+            head += f',"startTimeUnixNano":"{d.start_ns}"'
+        if d.end_ns:
+            head += f',"endTimeUnixNano":"{d.end_ns}"'
         if d.attributes or d.error_type:
             head += ',"attributes":[' + self._attributes(d.attributes, d.error_type) + "]"
         if d.events:
