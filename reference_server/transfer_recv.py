@@ -349,6 +349,8 @@ class KVReceiver:
                         recv_exactly_into(
                             sock, buffer, should_abort=assembly.is_failed, on_received=checksum.update
                         )
+                if assembly.is_failed():  # no use waiting for a trailer of a transfer already lost
+                    raise TransferAborted()
                 trailer = read_frame(sock)
             expected = parse_trailer(trailer or {}, header.transfer_id, header.stream)
             if expected != checksum.intdigest():
@@ -437,7 +439,7 @@ class KVReceiver:
             elif (assembly.request_id, assembly.n_blocks, assembly.n_streams) != (
                 header.request_id, header.n_blocks, header.n_streams,
             ):
-                problem = KVTransferError("bad_header", "stream disagrees with its transfer's request, blocks or streams")
+                problem = KVTransferError("bad_header", "stream disagrees with its transfer's request or sizes")
             if problem is None and header.stream in assembly.streams_seen:
                 problem = KVTransferError("bad_header", f"stream {header.stream} arrived twice")
             if problem is None and not assembly.claimed_positions.isdisjoint(header.positions):

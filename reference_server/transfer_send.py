@@ -29,6 +29,7 @@ from reference_server.transfer_wire import (
     CHECKSUM_CHUNK_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,
+    TRACEPARENT_PATTERN,
     KVTransferError,
     StreamHeader,
     clock_message,
@@ -45,7 +46,6 @@ from reference_server.transfer_wire import (
 )
 
 DEFAULT_STREAMS = 4
-_TRACEPARENT_CHARS = 55
 
 ClockNs = Callable[[], int]
 
@@ -438,7 +438,7 @@ def _checked_block_ids(block_ids: Sequence[int], num_blocks: int) -> list[int]:
 def _check_request(request_id: str, traceparent: str | None, meta: dict[str, Any] | None, dst: Any) -> None:
     if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_REQUEST_ID_CHARS:
         raise ValueError(f"request_id must be a string of 1 to {MAX_REQUEST_ID_CHARS} characters")
-    if traceparent is not None and (not isinstance(traceparent, str) or len(traceparent) != _TRACEPARENT_CHARS):
+    if traceparent is not None and not (isinstance(traceparent, str) and TRACEPARENT_PATTERN.fullmatch(traceparent)):
         raise ValueError(f"traceparent must be a W3C traceparent string, got {traceparent!r}")
     if meta is not None and not isinstance(meta, dict):
         raise ValueError("meta must be a dict of JSON values")

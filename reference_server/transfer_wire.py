@@ -69,7 +69,7 @@ TOKEN_ENV_VAR = "SPLITSCOPE_KV_TOKEN"
 
 _PREFIX = struct.Struct("!4sI")
 _TRANSFER_ID = re.compile(r"[0-9a-f]{32}")
-_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+TRACEPARENT_PATTERN = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 _MAX_INT64 = (1 << 63) - 1
 _MAX_UINT64 = (1 << 64) - 1
 _MAX_DIM = 1 << 20
@@ -320,7 +320,7 @@ class StreamHeader:
         request_id = _string(message, "request_id", max_chars=MAX_REQUEST_ID_CHARS)
         traceparent = message["traceparent"]
         if traceparent is not None:
-            traceparent = _string(message, "traceparent", max_chars=55, pattern=_TRACEPARENT)
+            traceparent = _string(message, "traceparent", max_chars=55, pattern=TRACEPARENT_PATTERN)
 
         dtype = _string(message, "dtype", max_chars=32)
         if dtype not in ALLOWED_DTYPES:

@@ -371,6 +371,27 @@ def test_sender_that_stops_mid_stream_gets_blocks_freed(receivers) -> None:
     assert side.allocator.wait_all_free()
 
 
+def test_bad_later_stream_fails_transfer_and_frees_blocks_once_writer_stops(receivers) -> None:
+    side = receivers(make_pool(fill=0.0))
+    first = valid_header(n_blocks=2, n_streams=2, stream=0, positions=(0,))
+    block_bytes = first["block_bytes"]
+    with socket.create_connection(side.address, timeout=WAIT_S) as writer:
+        writer.sendall(encode_frame(first))
+        assert read_frame(writer)["type"] == "ready"
+        writer.sendall(b"\x02" * (block_bytes // 2))  # stream 0 is mid-block, a writer of the blocks
+        with socket.create_connection(side.address, timeout=WAIT_S) as intruder:
+            intruder.sendall(encode_frame(first))  # stream 0 again: the whole transfer is now bad
+            assert read_frame(intruder)["reason"] == "bad_header"
+        assert side.outcomes.wait_failed("raw-req") == "bad_header"
+        assert len(side.allocator.free_ids) == POOL_BLOCKS - 2, "blocks freed while stream 0 still writes"
+        writer.sendall(b"\x02" * (block_bytes - block_bytes // 2))
+        reply = read_frame(writer)
+    assert reply["type"] == "error" and reply["reason"] == "bad_header"
+    assert side.allocator.wait_all_free()
+    assert side.allocator.double_frees == []
+    assert side.outcomes.failed == [("raw-req", "bad_header")]
+
+
 def test_missing_stream_times_out_and_frees_blocks(receivers) -> None:
     side = receivers(make_pool(fill=0.0), transfer_timeout_s=0.2)
     header = valid_header(n_blocks=2, n_streams=2, stream=0, positions=(0,))
@@ -427,14 +448,16 @@ def test_unreachable_receiver_is_a_connection_error(senders) -> None:
         ({"meta": {"x": object()}}, "JSON"),
         ({"meta": {"x": "y" * (MAX_HEADER_BYTES + 1)}}, "limit"),
         ({"traceparent": "not-a-traceparent"}, "traceparent"),
+        ({"traceparent": TRACEPARENT.upper()}, "traceparent"),
         ({"request_id": ""}, "request_id"),
     ],
 )
 def test_bad_send_arguments_raise_before_sending(receivers, senders, kwargs, message) -> None:
     side = receivers(make_pool(fill=0.0))
     call = {"request_id": "r", "block_ids": [1], "meta": None, "traceparent": None} | kwargs
+    sender = senders()
     with pytest.raises(ValueError, match=message):
-        senders().send(call["request_id"], make_pool(), call["block_ids"], side.address, call["traceparent"], call["meta"])
+        sender.send(call["request_id"], make_pool(), call["block_ids"], side.address, call["traceparent"], call["meta"])
     assert side.allocator.allocations == 0
     assert bool((side.pool == 0.0).all())
 
