@@ -1,0 +1,100 @@
+"""Router pieces without processes: routing choices, the metrics merge, request validation."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+
+from reference_server.metrics_proxy import StaticCollection, merge_families
+from reference_server.openai_api import ApiError, Limits, parse_completion
+from reference_server.router import Endpoint, least_loaded, sticky
+
+
+def _pool(n: int) -> list[Endpoint]:
+    return [Endpoint(f"w{i}", "colocated", f"http://w{i}") for i in range(n)]
+
+
+def test_least_loaded_skips_dead_workers_and_weighs_prompt_tokens():
+    pool = _pool(3)
+    pool[0].inflight, pool[1].inflight, pool[2].inflight = 2, 1, 0
+    pool[2].alive = False
+    assert least_loaded(pool).name == "w1"
+    pool[1].inflight_tokens, pool[0].inflight_tokens = 5000, 10
+    assert least_loaded(pool, by_tokens=True).name == "w0"
+    for endpoint in pool:
+        endpoint.alive = False
+    assert least_loaded(pool) is None
+
+
+def test_sticky_routing_is_stable_and_moves_only_the_dead_workers_users():
+    pool = _pool(4)
+    users = [f"user-{i}" for i in range(200)]
+    before = {u: sticky(pool, u).name for u in users}
+    assert len(set(before.values())) == 4  # users spread over every worker
+    assert before == {u: sticky(pool, u).name for u in users}  # same answer every time
+    pool[2].alive = False
+    after = {u: sticky(pool, u).name for u in users}
+    moved = {u for u in users if before[u] != after[u]}
+    assert moved == {u for u in users if before[u] == "w2"}
+
+
+def _exposition(registry: CollectorRegistry) -> list:
+    return list(text_string_to_metric_families(openmetrics_latest(registry).decode()))
+
+
+def test_merge_sums_equal_series_across_processes_and_keeps_exemplars():
+    processes = []
+    for worker, tokens in (("w0", 5), ("w1", 7)):
+        registry = CollectorRegistry()
+        Counter("splitscope_tokens", "t", ["pool"], registry=registry).labels(pool="colocated").inc(tokens)
+        Gauge("splitscope_requests_running", "r", ["pool", "worker"], registry=registry).labels("colocated", worker).set(tokens)
+        histogram = Histogram("splitscope_step_duration_seconds", "s", ["pool"], buckets=(0.1, 1.0), registry=registry)
+        histogram.labels(pool="colocated").observe(0.05, {"trace_id": f"{tokens:032x}"})
+        processes.append(_exposition(registry))
+    merged = {family.name: family for family in merge_families(processes)}
+    samples = {(x.name, tuple(sorted(x.labels.items()))): x for f in merged.values() for x in f.samples}
+    assert samples[("splitscope_tokens_total", (("pool", "colocated"),))].value == 12
+    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w0")))].value == 5
+    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w1")))].value == 7
+    bucket = samples[("splitscope_step_duration_seconds_bucket", (("le", "0.1"), ("pool", "colocated")))]
+    assert bucket.value == 2 and bucket.exemplar is not None
+    assert samples[("splitscope_step_duration_seconds_count", (("pool", "colocated"),))].value == 2
+    # The merged families encode back into a valid exposition.
+    text = openmetrics_latest(StaticCollection(list(merged.values()))).decode()
+    assert 'splitscope_tokens_total{pool="colocated"} 12.0' in text and "# {trace_id=" in text
+
+
+LIMITS = Limits("tiny", max_context_tokens=1024, max_tokens=1023)
+
+
+def test_parse_completion_reads_the_openai_fields():
+    params = parse_completion(
+        {"model": "tiny", "prompt": "héllo", "max_tokens": 7, "temperature": 0.5, "stream": True,
+         "stream_options": {"include_usage": True}, "user": "u", "seed": 3},
+        LIMITS,
+    )  # fmt: skip
+    assert params.prompt_token_ids == tuple("héllo".encode())
+    assert (params.max_tokens, params.temperature, params.stream, params.include_usage) == (7, 0.5, True, True)
+    assert params.user == "u" and params.seed == 3 and not params.ignore_eos
+    assert parse_completion({"model": "tiny", "prompt": [1, 2, 3]}, LIMITS).max_tokens == 16
+    assert parse_completion({"model": "tiny", "prompt": "x", "max_tokens": 4, "min_tokens": 4}, LIMITS).ignore_eos
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "tiny", "prompt": [1, 300]}, "prompt"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": True}, "max_tokens"),
+        ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature"),
+        ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
+        ({"model": "tiny", "prompt": "x", "stop": ["\n"]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "user": 5}, "user"),
+    ],
+)
+def test_parse_completion_names_the_bad_field(body, param):
+    with pytest.raises(ApiError) as caught:
+        parse_completion(body, LIMITS)
+    assert caught.value.status == 400 and caught.value.param == param
