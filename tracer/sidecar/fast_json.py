@@ -70,47 +70,61 @@ class LineEncoder:
 
     def __init__(self) -> None:
         self._keys: dict[str, str] = {}  # attribute key -> '{"key":...,"value":'
-        self._strings: dict[str, str] = {}  # string value / span name -> its JSON string
+        self._pairs: dict[tuple[str, str], str] = {}  # (key, string value) -> the whole KeyValue object
+        self._names: dict[str, str] = {}  # span name -> its JSON string
+        self._last_trace = (0, "")  # spans of one request (and a worker's steps) arrive together
 
-    def _json_string(self, value: str) -> str:
-        strings = self._strings
-        encoded = strings.get(value)
-        if encoded is None:
-            if len(strings) >= _MEMO_LIMIT:  # bounded: ids or free text in values must not grow it forever
-                strings.clear()
-            encoded = strings[value] = _str(value)
-        return encoded
+    def _key(self, key: str) -> str:
+        keys = self._keys
+        if len(keys) >= _MEMO_LIMIT:  # bounded: free-form keys or values must not grow a memo forever
+            keys.clear()
+        prefix = keys[key] = '{"key":' + _str(key) + ',"value":'
+        return prefix
+
+    def _pair(self, item: tuple[str, str]) -> str:
+        pairs = self._pairs
+        if len(pairs) >= _MEMO_LIMIT:
+            pairs.clear()
+        fragment = pairs[item] = '{"key":' + _str(item[0]) + ',"value":{"stringValue":' + _str(item[1]) + "}}"
+        return fragment
 
     def _attributes(self, attributes: Mapping[str, Any], error_type: str) -> str:
-        keys = self._keys
+        keys, pairs = self._keys, self._pairs
         parts = []
+        append = parts.append
         if error_type and ATTR_ERROR_TYPE in attributes:  # as to_readable_span: overwritten in place
             attributes = {**attributes, ATTR_ERROR_TYPE: error_type}
             error_type = ""
-        for key, value in attributes.items():
-            prefix = keys.get(key)
-            if prefix is None:
-                if len(keys) >= _MEMO_LIMIT:
-                    keys.clear()
-                prefix = keys[key] = '{"key":' + _str(key) + ',"value":'
+        for item in attributes.items():
+            value = item[1]
             kind = type(value)
             if kind is str:
-                parts.append(prefix + '{"stringValue":' + self._json_string(value) + "}}")
+                append(pairs.get(item) or self._pair(item))
             elif kind is int:
-                parts.append(prefix + '{"intValue":"' + str(value) + '"}}')
+                append((keys.get(item[0]) or self._key(item[0])) + '{"intValue":"' + str(value) + '"}}')
             else:
-                parts.append(prefix + any_value(value) + "}")
+                append((keys.get(item[0]) or self._key(item[0])) + any_value(value) + "}")
         if error_type:
-            parts.append(_key_value(ATTR_ERROR_TYPE, error_type))
+            append(_key_value(ATTR_ERROR_TYPE, error_type))
         return ",".join(parts)
 
     def span(self, d: SpanData) -> str:
+        trace_id = d.trace_id
+        last_id, trace_hex = self._last_trace
+        if trace_id != last_id:
+            trace_hex = f"{trace_id:032x}"
+            self._last_trace = (trace_id, trace_hex)
+        name = self._names.get(d.name)
+        if name is None:
+            if len(self._names) >= _MEMO_LIMIT:
+                self._names.clear()
+            name = self._names[d.name] = _str(d.name)
         parent = d.parent_span_id
         kind = d.kind
         head = (
-            f'{{"traceId":"{d.trace_id:032x}","spanId":"{d.span_id:016x}",'
+            f'{{"traceId":"{trace_hex}","spanId":"{d.span_id:016x}",'
             + (f'"parentSpanId":"{parent:016x}","flags":768,' if parent else '"flags":256,')
-            + '"name":' + self._json_string(d.name) + ',"kind":' + (str(kind) if 1 <= kind <= 5 else "1")
+            + '"name":' + name + ',"kind":' + (str(kind) if 1 <= kind <= 5 else "1")
         )  # fmt: skip
         if d.start_ns:  # proto3 JSON leaves zero values out
             head += f',"startTimeUnixNano":"{d.start_ns}"'
