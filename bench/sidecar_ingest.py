@@ -35,7 +35,7 @@ from tracer.metrics import Catalogue
 from tracer.pipeline import LocalSink, MetricsRecorder
 from tracer.session import make_resource
 from tracer.sidecar import wire
-from tracer.sidecar.server import Sidecar, SidecarConfig
+from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 from tracer.traces import OtlpJsonFileExporter
 
 RECORDS_PER_REQUEST = 11
@@ -91,6 +91,58 @@ UNIX_CLIENT = textwrap.dedent("""
     sock.sendall(data)
     sock.close()
 """)
+
+
+PACED_CLIENT = textwrap.dedent("""
+    import socket, sys, time
+    from tracer.sidecar import wire
+    path, frames_file, frame_records, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    data = open(frames_file, "rb").read()
+    frames, offset = [], 0
+    while offset < len(data):
+        (length,) = wire.FRAME_HEADER.unpack_from(data, offset)
+        frames.append(data[offset : offset + 4 + length])
+        offset += 4 + length
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    sock.sendall(wire.encode_handshake("", {"service.name": "bench-worker"}))
+    assert wire.decode_answer(sock.recv(1024)) is None
+    sys.stdout.write("go\\n"); sys.stdout.flush()
+    sys.stdin.readline()
+    start = time.perf_counter()
+    for i, frame in enumerate(frames):
+        due = start + i * frame_records / rate
+        while time.perf_counter() < due:
+            time.sleep(0.0005)
+        sock.sendall(frame)
+    sys.stdout.write(f"{time.perf_counter() - start}\\n"); sys.stdout.flush()
+    sock.close()
+""")
+
+
+def bench_unix_paced(records: list[s.SpanData], workdir: Path, rate: float) -> tuple[float, float, float]:
+    """Send at `rate` records/s with the default queue bound: (seconds sending, lag after the last send
+    until all were written, drops)."""
+    frames_file = workdir / "frames.bin"
+    frames_file.write_bytes(b"".join(wire.encode_frame(records[i : i + 512]) for i in range(0, len(records), 512)))
+    sock, traces = workdir / "paced.sock", workdir / "paced.jsonl"
+    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, unix_socket=str(sock), traces_file=str(traces),
+                                    gpu=False, environ={})).start()  # fmt: skip
+    client = subprocess.Popen([sys.executable, "-c", PACED_CLIENT, str(sock), str(frames_file), "512", str(rate)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert client.stdout.readline().strip() == "go"
+    client.stdin.write("\n")
+    client.stdin.flush()
+    sending_s = float(client.stdout.readline())
+    sent_at = time.perf_counter()
+    drops = dropped(sidecar)
+    if drops == 0:
+        wait_exported(sidecar, len(records))
+    lag_s = time.perf_counter() - sent_at
+    client.wait(60)
+    drops = dropped(sidecar)
+    sidecar.stop()
+    return sending_s, lag_s, drops
 
 
 def bench_unix(records: list[s.SpanData], workdir: Path) -> tuple[float, float]:
@@ -178,16 +230,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=40_000, help="requests in the record mix (11 records each)")
     parser.add_argument("--otlp-spans", type=int, default=102_400)
+    parser.add_argument("--paced-seconds", type=int, default=3, help="seconds of the paced 100k records/s run")
     args = parser.parse_args()
     records = record_mix(args.requests)
+    tune_gc_for_ingest()  # as `splitscope sidecar` does; the SDK path below gets the same setting
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         unix_rate, unix_drops = bench_unix(records, workdir)
+        paced = bench_unix_paced(records[: args.paced_seconds * 100_000], workdir, 100_000)
         sdk_rate = bench_sdk_path(records[: min(len(records), 110_000)], workdir)
         http_rate, http_drops = bench_otlp("http", args.otlp_spans, workdir)
         grpc_rate, grpc_drops = bench_otlp("grpc", args.otlp_spans, workdir)
     print(f"machine: {os.cpu_count()} cores; records: {len(records):,} ({RECORDS_PER_REQUEST} per request)")
     print(f"unix socket -> file : {unix_rate:>10,.0f} records/s  (target 100,000: {unix_rate / 100_000:.2f}x; drops {unix_drops:.0f})")
+    print(f"paced 100,000 records/s for {paced[0]:.1f} s (default queue bound): drops {paced[2]:.0f}, "
+          f"last record written {paced[1] * 1000:.0f} ms after the last one was sent")
     print(f"SDK path (in-process LocalSink -> file): {sdk_rate:>10,.0f} records/s; fast path / SDK path = {unix_rate / sdk_rate:.1f}x")
     print(f"OTLP/HTTP protobuf -> file : {http_rate:>10,.0f} spans/s (drops {http_drops:.0f})")
     print(f"OTLP/gRPC -> file          : {grpc_rate:>10,.0f} spans/s (drops {grpc_drops:.0f})")

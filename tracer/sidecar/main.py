@@ -55,7 +55,7 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
 def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, traces_file, metrics_port, pool, worker,
                     mode, scrape, scrape_timeout, max_queued_spans, max_body_bytes, no_gpu) -> None:  # fmt: skip
     """Receive telemetry beside a serving engine (OTLP, vLLM spans, our workers' records) and emit splitscope's."""
-    from tracer.sidecar.server import Sidecar, SidecarConfig
+    from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     targets = [_scrape_target(value) for value in scrape]
@@ -72,6 +72,7 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    tune_gc_for_ingest()
     try:
         sidecar = Sidecar(config).start()
     except (OSError, RuntimeError, ValueError) as exc:

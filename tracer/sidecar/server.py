@@ -13,6 +13,7 @@ gRPC use threads; none of them waits on export (ingest_queue.py).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -34,6 +35,18 @@ from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import VllmAdapter
 
 log = logging.getLogger(__name__)
+
+
+def tune_gc_for_ingest() -> None:
+    """Process-wide: make the cyclic garbage collector rare. For a process that is a sidecar only.
+
+    Ingest allocates millions of small, acyclic containers per second (records, attribute dicts) that
+    reference counting frees at once; the cyclic collector only spends time scanning them (about 40% of
+    decode time at 100k records/s). Objects alive at start-up are frozen out of its scans.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
 
 
 @dataclass
