@@ -33,6 +33,7 @@ from tracer.traces import append_line
 log = logging.getLogger(__name__)
 
 _RESOURCE_CACHE_LIMIT = 4096
+LINE_MAX_SPANS = 4096
 
 
 def is_ours(span: s.SpanData) -> bool:
@@ -124,12 +125,14 @@ class SpanExport:
                 if len(self._prefixes) >= _RESOURCE_CACHE_LIMIT:
                     self._prefixes.clear()
                 prefix = self._prefixes[resource] = resource_prefix(dict(resource))
-            try:
-                append_line(self.traces_file, self._encoder.line(prefix, spans))
-                self.written_lines += 1
-            except OSError as exc:
-                log.warning("splitscope sidecar: cannot write %s: %s", self.traces_file, exc)
-                self._error("sidecar_file_write_failed", len(spans))
+            for i in range(0, len(spans), LINE_MAX_SPANS):  # bounded lines, whatever one drain brought
+                chunk = spans[i : i + LINE_MAX_SPANS]
+                try:
+                    append_line(self.traces_file, self._encoder.line(prefix, chunk))
+                    self.written_lines += 1
+                except OSError as exc:
+                    log.warning("splitscope sidecar: cannot write %s: %s", self.traces_file, exc)
+                    self._error("sidecar_file_write_failed", len(chunk))
         if self.processors:
             sink = self._sinks.get(resource)
             if sink is None:
