@@ -62,9 +62,19 @@ ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
 ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"
 ATTR_ERROR_TYPE = "error.type"
 
+# OTLP span kinds (trace.proto Span.SpanKind); ours are INTERNAL and SERVER, others pass through.
 KIND_INTERNAL = 1
 KIND_SERVER = 2
-_SPAN_KINDS = {KIND_INTERNAL: SpanKind.INTERNAL, KIND_SERVER: SpanKind.SERVER}
+KIND_CLIENT = 3
+KIND_PRODUCER = 4
+KIND_CONSUMER = 5
+_SPAN_KINDS = {
+    KIND_INTERNAL: SpanKind.INTERNAL,
+    KIND_SERVER: SpanKind.SERVER,
+    KIND_CLIENT: SpanKind.CLIENT,
+    KIND_PRODUCER: SpanKind.PRODUCER,
+    KIND_CONSUMER: SpanKind.CONSUMER,
+}
 
 _SCOPE = InstrumentationScope("splitscope.tracer", "0.1.0")
 _rng = random.SystemRandom()

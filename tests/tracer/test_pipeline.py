@@ -250,3 +250,12 @@ def test_a_malformed_record_is_dropped_and_counted_without_losing_the_batch(trac
     worker.shutdown(1.0)
     assert sorted(span.name for span in exporter.get_finished_spans()) == [s.SPAN_PREFILL, s.SPAN_QUEUE]
     assert sample(registry, "splitscope_tracer_dropped_records_total", {"reason": "bad_record"}) == 2
+
+
+@pytest.mark.parametrize("kind, expected", [(1, SpanKind.INTERNAL), (2, SpanKind.SERVER), (3, SpanKind.CLIENT),
+                                            (4, SpanKind.PRODUCER), (5, SpanKind.CONSUMER)])
+def test_span_kinds_pass_through_to_the_sdk_span(kind, expected):
+    from opentelemetry.sdk.resources import Resource
+
+    data = s.SpanData("x", kind, 1, 2, 0, 10, 20, {})
+    assert s.to_readable_span(data, Resource({})).kind == expected
