@@ -453,6 +453,7 @@ class Engine:
             "cached_tokens": max(seq.num_cached_tokens if seq else 0, t.remote_cached_tokens),
             "output_tokens": len(seq.output_token_ids) if seq else 0,
             "prefill_chunks": seq.num_prefill_chunks if seq else 0,
+            "first_token_id": seq.output_token_ids[0] if seq and seq.output_token_ids else None,
         }
 
     def _set_gauges(self) -> None:

@@ -492,7 +492,10 @@ async def _ndjson_events(response: aiohttp.ClientResponse, worker: Endpoint) -> 
     async for line in response.content:
         if not line.strip():
             continue
-        event = json.loads(line)
+        try:
+            event = json.loads(line)
+        except ValueError:
+            raise UpstreamError(500, "worker_failed", f"worker {worker.name} sent a malformed event") from None
         if "token" in event:
             yield ("token", event["token"])
         elif "done" in event:

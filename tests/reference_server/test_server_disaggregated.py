@@ -157,3 +157,23 @@ def test_non_streaming_response_has_the_openai_shape(server):
     assert choice["index"] == 0 and choice["finish_reason"] == "length" and isinstance(choice["text"], str)
     assert answer["usage"]["prompt_tokens"] == 5 and answer["usage"]["completion_tokens"] == 5
     assert answer["usage"]["total_tokens"] == 10
+
+
+def test_a_request_finished_by_its_prefill_needs_no_decode_worker(server):
+    """max_tokens 1: the prefill worker's first token ends the request; no KV moves, the decode side lets go."""
+    for stream in (True, False):
+        status, body, _ = server.complete({"prompt": "one token only", "max_tokens": 1, "stream": stream, "return_token_ids": True})
+        assert status == 200
+        if stream:
+            token_ids = streamed_token_ids(sse_events(body))
+        else:
+            token_ids = json.loads(body)["choices"][0]["token_ids"]
+        assert token_ids == reference_tokens("one token only", 1)
+    assert server.health()["inflight"] == 0
+    assert all(w["inflight"] == 0 for w in server.health()["workers"])
+
+    def decode_worker_idle():  # it stopped expecting KV for those requests
+        _, body, _ = http("GET", server.url + "/metrics")
+        return 'splitscope_requests_waiting{pool="decode",worker="decode-0"} 0.0' in body.decode()
+
+    wait_for(decode_worker_idle, 10, "the decode worker to drop the requests it expected")
