@@ -20,6 +20,7 @@ import numpy as np
 from tracer.traces import STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
 
 ROOT_PREFIX = "text_completion"
+VLLM_REQUEST_SPAN = "llm_request"
 POOLS = ("colocated", "prefill", "decode")
 
 
@@ -252,6 +253,26 @@ def _take(
         )
         _request(requests, span).root = root
         return
+    if name == VLLM_REQUEST_SPAN:
+        # vLLM's own request span (passed through by the sidecar's vLLM adapter, our stage spans under it):
+        # older token-count names, TTFT from its latency attributes, no inter-token statistics.
+        attrs = span.attributes
+        model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
+        if isinstance(model, str):
+            models.add(model)
+        _request(requests, span).root = (
+            span.start_ns,
+            span.end_ns,
+            int(_number(span, "gen_ai.usage.prompt_tokens", where)),
+            int(_number(span, "gen_ai.usage.completion_tokens", where)),
+            span.status_code == STATUS_ERROR or "error.type" in attrs,
+            _number(span, "gen_ai.latency.time_to_first_token", where, False),
+            None,
+            None,
+            None,
+            str(attrs.get("splitscope.mode", "colocated")),
+        )
+        return
     if not name.startswith("splitscope."):
         return
     if name == "splitscope.queue":
@@ -263,7 +284,7 @@ def _take(
             span.start_ns,
             span.end_ns,
             int(_number(span, "splitscope.prefill.tokens", where)),
-            int(_number(span, "splitscope.prefill.cached_tokens", where, False) or 0),
+            int(span.attributes.get("splitscope.prefill.cached_tokens") or 0),  # absent: no prefix cache
             worker,
         )
     elif name == "splitscope.kv_transfer":
