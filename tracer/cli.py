@@ -44,3 +44,7 @@ class _LazyGroup(click.Group):
 @click.version_option(package_name="splitscope")
 def main() -> None:
     """Per-stage tracing and split-decision reports for disaggregated LLM serving."""
+
+
+if __name__ == "__main__":
+    main()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tracer.traces import STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
+from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
 
 ROOT_PREFIX = "text_completion"
 VLLM_REQUEST_SPAN = "llm_request"
@@ -234,7 +234,8 @@ def _take(
             column.append(value)
         workers.setdefault(pool, set()).add(worker)
         return
-    if name.startswith(ROOT_PREFIX) and not span.parent_span_id:
+    # The request span is the router's SERVER span; its parent, when present, is the client's span.
+    if name.startswith(ROOT_PREFIX) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
         attrs = span.attributes
         model = attrs.get("gen_ai.request.model")
         if isinstance(model, str):
