@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,13 +226,18 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
         sites = [(router.app(), config.port)]
         if config.metrics_port is not None:
             sites.append((router.metrics_app(), config.metrics_port))
+        bound_ports = []
         for app, port in sites:
             runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
             await runner.setup()
             runners.append(runner)
-            await web.TCPSite(runner, config.host, port, shutdown_timeout=2.0).start()
-        url = f"http://{config.host}:{config.port}"
-        click.echo(f"serving {config.preset} ({config.mode}: {', '.join(w.name for w in workers)}) on {url}", err=True)
+            # Our own socket, so port 0 works (the OS picks) and we can say which port it picked.
+            sock = socket.create_server((config.host, port), family=socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+            await web.SockSite(runner, sock, shutdown_timeout=2.0).start()
+            bound_ports.append(sock.getsockname()[1])
+        url = f"http://{_url_host(config.host)}:{bound_ports[0]}"
+        metrics = f", metrics on :{bound_ports[1]}" if len(bound_ports) > 1 else ""
+        click.echo(f"serving {config.preset} ({config.mode}: {', '.join(w.name for w in workers)}) on {url}{metrics}")
         if on_ready is not None:
             on_ready(url)
         await stop.wait()
@@ -250,6 +256,10 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
         await asyncio.to_thread(tracing.shutdown, 5.0)
 
 
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 @click.command("serve")
 @click.option("--mode", type=click.Choice(["colocated", "chunked", "disaggregated"]), default="colocated",
               show_default=True, help="colocated (whole prefills join decode steps), chunked (token budget per step), "
@@ -259,7 +269,8 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
 @click.option("--decode-workers", type=int, default=None, help="decode workers (disaggregated) [1]")
 @click.option("--preset", default="small", show_default=True, help="model shape preset (tiny, small, ...)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address the router binds")
-@click.option("--port", type=int, default=8000, show_default=True, help="router port (/v1/completions, /health, /metrics)")
+@click.option("--port", type=int, default=8000, show_default=True,
+              help="router port (/v1/completions, /health, /metrics); 0 picks a free one (printed)")
 @click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
 @click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
 @click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")

@@ -409,8 +409,9 @@ class Router:
                 prefill_task = asyncio.create_task(self._prefill(prefill_worker, decode_worker, payload, headers))
                 prefill_task.add_done_callback(lambda _: self._prefill_done(prefill_worker, prompt_tokens))
                 stream = _ndjson_events(response, decode_worker)
-                async with aclosing(stream):
-                    async for event in _merge_prefill_outcome(stream, prefill_task):
+                # Closed innermost first: the merge cancels its pending read before the stream closes.
+                async with aclosing(stream), aclosing(_merge_prefill_outcome(stream, prefill_task)) as merged:
+                    async for event in merged:
                         yield event
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
             raise UpstreamError(500, "worker_failed", f"worker {decode_worker.name} failed: {type(exc).__name__}: {exc}") from None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import torch
 from reference_server.kv_cache import BlockAllocator, KVCachePool
 from reference_server.model import ModelArgs, build_model, generate
 from reference_server.tokenizer import encode
-from tests.conftest import REPO_ROOT, free_port
+from tests.conftest import REPO_ROOT
 from tracer.traces import Span, iter_spans
 
 STARTUP_TIMEOUT_S = 180.0  # workers import torch and build the model; a loaded 2-core box is slow
@@ -88,20 +89,20 @@ class Server:
     """`splitscope serve --preset tiny ...` as a child process, on free ports, writing a traces file."""
 
     def __init__(self, tmp_dir: Path, *serve_args: str) -> None:
-        self.port = free_port()
-        self.metrics_port = free_port()
         self.traces_file = tmp_dir / "traces.jsonl"
         self.log_file = tmp_dir / "serve.log"
         command = [
             sys.executable, "-c", "from tracer.cli import main; main()", "serve", "--preset", "tiny",
-            "--port", str(self.port), "--metrics-port", str(self.metrics_port), "--traces-file", str(self.traces_file),
-            *serve_args,
+            "--port", "0", "--metrics-port", "0", "--traces-file", str(self.traces_file), *serve_args,
         ]  # fmt: skip
         with open(self.log_file, "wb") as log:
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        wait_for(self._ready_or_dead, STARTUP_TIMEOUT_S, "the server's /health")
-        if self.process.poll() is not None:
+        # The launcher prints the ports the OS gave it: no race with other processes for a port.
+        serving = wait_for(self._serving_line_or_dead, STARTUP_TIMEOUT_S, "the server's 'serving ... on' line")
+        if self.process.poll() is not None or not isinstance(serving, re.Match):
             raise AssertionError(f"serve exited with {self.process.returncode}:\n{self.log()}")
+        self.port, self.metrics_port = int(serving.group(1)), int(serving.group(2))
+        wait_for(self._healthy, 30, "the server's /health")
         self.worker_pids = [w["pid"] for w in self.health()["workers"]]
 
     @property
@@ -111,9 +112,11 @@ class Server:
     def log(self) -> str:
         return self.log_file.read_text(errors="replace")[-4000:]
 
-    def _ready_or_dead(self) -> bool:
-        if self.process.poll() is not None:
-            return True
+    def _serving_line_or_dead(self) -> re.Match | bool:
+        match = re.search(r"serving .* on http://127\.0\.0\.1:(\d+), metrics on :(\d+)", self.log_file.read_text(errors="replace"))
+        return match or self.process.poll() is not None
+
+    def _healthy(self) -> bool:
         try:
             status, _, _ = http("GET", self.url + "/health", timeout_s=2.0)
         except OSError:

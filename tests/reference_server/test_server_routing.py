@@ -98,3 +98,24 @@ def test_parse_completion_names_the_bad_field(body, param):
     with pytest.raises(ApiError) as caught:
         parse_completion(body, LIMITS)
     assert caught.value.status == 400 and caught.value.param == param
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mode", "colocated", "--prefill-workers", "2"], "--mode disaggregated"),
+        (["--mode", "disaggregated", "--workers", "2"], "--prefill-workers"),
+        (["--preset", "huge"], "--preset must be one of"),
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--mode", "chunked", "--chunk-budget", "8"], "--chunk-budget"),
+        (["--block-size", "7"], "--block-size"),
+        (["--device", "tpu"], "--device"),
+    ],
+)
+def test_serve_refuses_bad_flags_with_one_clear_line(args, message):
+    from click.testing import CliRunner
+
+    from reference_server.launch import serve_command
+
+    result = CliRunner().invoke(serve_command, args)
+    assert result.exit_code == 2 and message in result.output, result.output
