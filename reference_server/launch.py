@@ -290,7 +290,10 @@ def serve_command(mode: str, workers: int | None, prefill_workers: int | None, d
     if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):
         raise click.UsageError("--prefill-workers/--decode-workers need --mode disaggregated")
     config = ServeConfig(
-        mode=mode, workers=workers or 1, prefill_workers=prefill_workers or 1, decode_workers=decode_workers or 1,
+        mode=mode,
+        workers=1 if workers is None else workers,
+        prefill_workers=1 if prefill_workers is None else prefill_workers,
+        decode_workers=1 if decode_workers is None else decode_workers,
         **options,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
