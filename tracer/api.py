@@ -24,7 +24,9 @@ from tracer.spans import TraceContext
 class Tracer:
     """Records stages, steps and requests of one worker (or the router) into a ring.
 
-    `mark()` is the clock's mark function (host `perf_counter_ns`, or a CUDA event record).
+    `mark()` is the clock's mark function (host `perf_counter_ns`, or a CUDA event record). A mark
+    belongs to the one record it is passed to: on CUDA its event returns to a free list once that record
+    resolves, so take a fresh mark for every start and end rather than sharing one between records.
     `ctx` is the request's TraceContext: the new span becomes a child of `ctx.span_id` in `ctx.trace_id`.
     """
 

@@ -115,9 +115,11 @@ class RecordRing:
     """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
 
     Producers call `append` (the deque's own method: atomic, never blocks) with a record whose last field
-    is `next(ring.seq)`. The consumer counts drops as gaps in the sequence numbers it drains, so the hot
-    path pays for no counter of its own. After `fork`, the child starts with an empty ring (the records
-    belong to the parent's exporter).
+    is `next(ring.seq)`. The consumer counts drops as sequence numbers that never arrived, so the hot path
+    pays for no counter of its own. Two producer threads can append slightly out of sequence order (a
+    thread switch between `next(seq)` and `append`), so a sequence number is declared dropped only one
+    drain later, once every producer has had a whole drain interval to append it. After `fork`, the
+    child starts with an empty ring (the records belong to the parent's exporter).
     """
 
     def __init__(self, capacity: int = 65536) -> None:
@@ -131,8 +133,9 @@ class RecordRing:
         self._items: deque[Any] = deque(maxlen=self.capacity)
         self.append = self._items.append
         self.seq = itertools.count()
-        self._drained = 0
-        self._next_expected = 0  # one past the highest sequence number drained
+        self._accounted_below = 0  # every sequence number below this is either drained or counted dropped
+        self._seen_above: list[int] = []  # drained sequence numbers >= _accounted_below
+        self._settle_below = 0  # one past the highest number of the previous drain
         self.dropped = 0
 
     def push(self, record: Any) -> None:
@@ -144,12 +147,26 @@ class RecordRing:
         items = self._items
         pop = items.popleft
         out = [pop() for _ in range(min(max_items, len(items)))]
-        if out:
-            self._drained += len(out)
-            self._next_expected = max(self._next_expected, max(r[-1] for r in out) + 1)
-            # Records of concurrent producers can land slightly out of order; never let the count go down.
-            self.dropped = max(self.dropped, self._next_expected - self._drained)
+        seqs = [record[-1] for record in out]
+        self._settle(self._settle_below, seqs)
+        if seqs:
+            self._settle_below = max(self._settle_below, max(seqs) + 1)
         return out
+
+    def settle_all(self) -> None:
+        """Count as dropped every number handed out and never drained (at shutdown, producers stopped)."""
+        highest = max([self._settle_below - 1, *self._seen_above], default=-1)
+        self._settle(highest + 1, [])
+
+    def _settle(self, bound: int, new_seqs: list[int]) -> None:
+        seen = self._seen_above
+        seen.extend(new_seqs)
+        if bound <= self._accounted_below:
+            return
+        arrived = sum(1 for s in seen if s < bound)
+        self.dropped += (bound - self._accounted_below) - arrived
+        self._seen_above = [s for s in seen if s >= bound]
+        self._accounted_below = bound
 
     def __len__(self) -> int:
         return len(self._items)
