@@ -40,6 +40,7 @@ from aiohttp import web
 from reference_server import openai_api as api
 from reference_server.metrics_proxy import merged_exposition
 from reference_server.tokenizer import StreamingDecoder, decode
+from reference_server.transfer_wire import token_from_env
 from tracer import TraceContext, TracingSession
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns
@@ -148,7 +149,10 @@ class Router:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0)  # bounded by max_inflight instead
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.stream_timeout_s)
-        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout)
+        # Workers bound beyond loopback require the deployment's shared secret on their internal API.
+        token = token_from_env()
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers)
         self._update_pool_gauges()
         self._health_task = asyncio.create_task(self._health_loop())
 

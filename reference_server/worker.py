@@ -16,6 +16,11 @@ Internal API (the router is its only client; bodies are JSON, streams are NDJSON
   "first_token_id", ...}`, or `{"status": "finished", ...}` when the first token ended the request, or
   an error status with `{"error": {...}}`.
 - `GET /health` (200 with load figures while the engine runs, else 503), `GET /metrics`.
+
+Binding: 127.0.0.1 by default. Another `--host` needs the deployment's shared secret in
+SPLITSCOPE_KV_TOKEN (the one the KV transfer checks); with it set, every route of the internal API
+answers 401 unless the request carries `Authorization: Bearer <token>` (compared in constant time). The
+router sends it from the same variable.
 """
 
 from __future__ import annotations
@@ -47,8 +52,10 @@ from reference_server.model import ModelArgs, build_model
 from reference_server.process_guard import die_with_parent
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID
+from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.metrics import exposition
+from tracer.sidecar.auth import bearer_ok, is_loopback
 
 log = logging.getLogger("reference_server.worker")
 
@@ -77,6 +84,30 @@ class WorkerOptions:
     sidecar_socket: str | None = None
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     max_waiting: int = 256
+
+
+def internal_api_token(host: str) -> str | None:
+    """The bearer token the internal API requires (SPLITSCOPE_KV_TOKEN), or None when unset.
+
+    Raises ValueError when `host` is not loopback and no token is set: an engine's internal API is never
+    open beyond this machine without one.
+    """
+    token = token_from_env()
+    if token is None and not is_loopback(host):
+        raise ValueError(f"binding the worker to {host} (not loopback) needs a shared-secret token: set {TOKEN_ENV_VAR}")
+    return token
+
+
+def require_bearer(token: str) -> Any:
+    """aiohttp middleware: 401 unless `Authorization: Bearer <token>` (constant-time compare)."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if not bearer_ok(token, request.headers.get("Authorization")):
+            return error_json(401, "unauthorized", "missing or wrong bearer token")
+        return await handler(request)
+
+    return check
 
 
 class BadRequest(ValueError):
@@ -166,8 +197,10 @@ class Worker:
 
     # -- HTTP
 
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+    def app(self, token: str | None = None) -> web.Application:
+        """The internal API; with `token`, every route requires it as a bearer token."""
+        middlewares = [require_bearer(token)] if token else []
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         if self.options.role == "prefill":
@@ -343,12 +376,13 @@ def _host_port(value: Any) -> tuple[str, int]:
 
 async def serve_worker(options: WorkerOptions, ready_stream: Any = None) -> None:
     """Build the worker, bind its ports, announce them, and serve until SIGTERM/SIGINT."""
+    token = internal_api_token(options.host)  # before the model build: a bad bind fails at once
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     worker = await asyncio.to_thread(Worker, options, loop)  # model build: seconds, off the loop
-    runner = web.AppRunner(worker.app(), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
+    runner = web.AppRunner(worker.app(token), handler_cancellation=True, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     sock = socket.create_server((options.host, 0))
     site = web.SockSite(runner, sock, shutdown_timeout=2.0)
@@ -388,6 +422,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
         parser.add_argument(flag, type=type(value) if value is not None else str, default=value)
     ns = parser.parse_args(argv)
     values = {k: v for k, v in vars(ns).items() if k != "parent_pid"}
+    try:
+        internal_api_token(ns.host)
+    except ValueError as exc:
+        parser.error(str(exc))
     return WorkerOptions(**values), ns.parent_pid
 
 
