@@ -1,0 +1,170 @@
+"""Every listener binds 127.0.0.1 unless told otherwise; elsewhere it needs a shared-secret token.
+
+The token guards the KV transfer and the workers' internal API (SPLITSCOPE_KV_TOKEN) and the sidecar's
+ingest (SPLITSCOPE_SIDECAR_TOKEN); peers without it are refused, and the comparison is constant-time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from reference_server import transfer_wire
+from reference_server.transfer import TOKEN_ENV_VAR
+from reference_server.transfer_wire import read_frame, send_frame
+from tests.conftest import REPO_ROOT
+from tests.reference_server.server_harness import Server, http, wait_for
+from tests.security.listeners import descendants, listening
+from tests.security.processes import SidecarProcess, clean_environment, probe_health
+from tracer.sidecar import auth
+from tracer.sidecar.auth import TOKEN_ENV
+from tracer.sidecar.client import SidecarSink
+from tracer.sidecar.server import Sidecar, SidecarConfig
+from tracer.spans import SpanData
+
+EXIT_TIMEOUT_S = 120.0  # a worker imports torch before it parses its flags
+
+
+def test_every_listener_of_a_default_server_and_sidecar_is_on_loopback(server: Server, sidecar: SidecarProcess) -> None:
+    server_pids = descendants(server.process.pid)
+    assert set(server.worker_pids) <= set(server_pids)
+    server_listeners = listening(server_pids)
+    sidecar_listeners = listening(descendants(sidecar.process.pid))
+    # router + its --metrics-port, each worker's internal API, the decode worker's KV receiver
+    assert len(server_listeners) >= 5, server_listeners
+    assert {server.port, server.metrics_port} <= {l.port for l in server_listeners}
+    # OTLP/HTTP, OTLP/gRPC, /metrics
+    assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {l.port for l in sidecar_listeners}
+    exposed = [l for l in server_listeners + sidecar_listeners if l.host != "127.0.0.1"]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
+
+
+def _run_until_exit_or_ready(command: list[str], env: dict[str, str]) -> tuple[int | None, str]:
+    """(exit status, output) of a process expected to refuse to start; (None, output) if it came up instead."""
+    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    assert process.stdout is not None
+    lines = []
+    try:
+        for line in process.stdout:  # ends at EOF, i.e. when the process exits
+            lines.append(line)
+            if "SPLITSCOPE_WORKER_READY" in line or "sidecar listening" in line:
+                return None, "".join(lines)
+        return process.wait(EXIT_TIMEOUT_S), "".join(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+
+
+@pytest.mark.timeout(EXIT_TIMEOUT_S * 2)
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_worker_beyond_loopback_without_token_refuses_to_start(role: str) -> None:
+    command = [sys.executable, "-m", "reference_server.worker", "--role", role, "--name", f"{role}-0",
+               "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
+    status, output = _run_until_exit_or_ready(command, clean_environment())
+    assert status is not None, f"a {role} worker served on 0.0.0.0 without a token:\n{output}"
+    assert status != 0 and TOKEN_ENV_VAR in output and "0.0.0.0" in output, output
+    assert "Traceback" not in output, output
+
+
+def test_sidecar_beyond_loopback_without_token_refuses_to_start() -> None:
+    command = [sys.executable, "-m", "tracer.cli", "sidecar", "--host", "0.0.0.0", "--http-port", "0",
+               "--grpc-port", "0", "--no-gpu"]  # fmt: skip
+    status, output = _run_until_exit_or_ready(command, clean_environment())
+    assert status is not None, f"the sidecar served on 0.0.0.0 without a token:\n{output}"
+    assert status != 0 and TOKEN_ENV in output, output
+    assert "Traceback" not in output and len(output.strip().splitlines()) == 1, output
+
+
+@pytest.mark.timeout(EXIT_TIMEOUT_S * 2)
+def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -> None:
+    """A decode worker on 0.0.0.0: its internal API answers 401 and its KV receiver 'unauthorized' to a
+    peer without the token, and serves one that has it."""
+    command = [sys.executable, "-m", "reference_server.worker", "--role", "decode", "--name", "decode-0",
+               "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
+    log = open(tmp_path / "worker.log", "w+")
+    worker = subprocess.Popen(command, cwd=REPO_ROOT, env=clean_environment(**{TOKEN_ENV_VAR: "s3cret"}),
+                              stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    try:
+        assert worker.stdout is not None
+        ready = next((line for line in worker.stdout if line.startswith("SPLITSCOPE_WORKER_READY")), None)
+        assert ready is not None, f"worker did not start:\n{(tmp_path / 'worker.log').read_text()}"
+        listeners = listening([worker.pid])
+        assert len(listeners) == 2 and all(l.host == "0.0.0.0" for l in listeners), listeners
+        answers = {l.port: probe_health(f"http://127.0.0.1:{l.port}") for l in listeners}
+        (api_port,) = [port for port, answer in answers.items() if answer is not None]
+        (kv_port,) = [port for port, answer in answers.items() if answer is None]  # not HTTP: the KV receiver
+        base = f"http://127.0.0.1:{api_port}"
+        assert answers[api_port][0] == 401
+        assert http("GET", base + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+        assert http("POST", base + "/generate", {"request_id": "r"})[0] == 401
+        assert http("GET", base + "/health", headers={"Authorization": "Bearer s3cret"})[0] == 200
+        for token in (None, "wrong"):
+            with socket.create_connection(("127.0.0.1", kv_port), timeout=10) as sock:
+                send_frame(sock, transfer_wire.clock_message(0, token))
+                reply = read_frame(sock, eof_ok=True)
+            assert reply is not None and reply["type"] == "error" and reply["reason"] == "unauthorized", reply
+        with socket.create_connection(("127.0.0.1", kv_port), timeout=10) as sock:
+            send_frame(sock, transfer_wire.clock_message(0, "s3cret"))
+            assert read_frame(sock)["type"] == "clock_reply"
+    finally:
+        worker.terminate()
+        worker.wait(30)
+        log.close()
+
+
+def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -> None:
+    sidecar = Sidecar(SidecarConfig(host="0.0.0.0", http_port=0, grpc_port=0, unix_socket=str(tmp_path / "s.sock"),
+                                    traces_file=str(tmp_path / "t.jsonl"), gpu=False, environ={TOKEN_ENV: "s3cret"}))  # fmt: skip
+    sidecar.start()
+    try:
+        hosts = {l.host for l in listening([os.getpid()]) if l.port in (sidecar.http_port, sidecar.grpc_port)}
+        assert hosts and hosts <= {"0.0.0.0", "::"}, hosts  # gRPC makes 0.0.0.0 a dual-stack socket
+        url = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
+        empty = trace_service_pb2.ExportTraceServiceRequest()
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            request = urllib.request.Request(url, data=empty.SerializeToString(),
+                                             headers={"Content-Type": "application/x-protobuf", **headers})  # fmt: skip
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=10)
+            assert refused.value.code == 401
+        with grpc.insecure_channel(f"127.0.0.1:{sidecar.grpc_port}") as channel:
+            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Export(empty, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            stub.Export(empty, metadata=[("authorization", "Bearer s3cret")], timeout=10)
+        sink = SidecarSink(tmp_path / "s.sock", token="", resource={"service.name": "w"})
+        try:
+            sink.emit([SpanData("splitscope.step", 1, 1, 1, 0, 0, 1, {})])
+            wait_for(lambda: "bad token" in sink.last_error, 10, "the Unix handshake refusal")
+        finally:
+            sink.shutdown(0.5)
+    finally:
+        sidecar.stop(2.0)
+
+
+def test_tokens_are_compared_in_constant_time(monkeypatch) -> None:
+    """Every token check goes through hmac.compare_digest (no early exit on the first differing byte)."""
+    calls = []
+    real = hmac.compare_digest
+
+    def recording(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    assert not transfer_wire.token_matches("s3cret", {"token": "s3creX"})
+    assert not auth.bearer_ok("s3cret", "Bearer s3creX")
+    assert not auth.token_ok("s3cret", "s3creX")
+    assert len(calls) == 3 and all(b"s3creX" in pair for pair in calls)
