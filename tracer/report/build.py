@@ -220,7 +220,10 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, [], fits, evidence + missing,
                       assumptions, measured, {}, [], read, data=data, step_fit=step_fit)
 
-    costs = Costs(step_fit.costs, transfer)
+    frontend_s = _frontend_s(requests)
+    if frontend_s > 0:
+        evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
+    costs = Costs(step_fit.costs, transfer, frontend_s)
     layouts = candidate_layouts(gpus, options.chunk_budgets_tokens)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
@@ -249,7 +252,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     goodput = _mean_options(with_options) if with_options else []
     network = _network(measured, transfer, transfer_fit, final, goodput)
     evidence += _evidence(measured, step_fit, prefill_fit, transfer_fit, network, current, final, window_results)
-    check = model_check(current, requests, costs, slo)
+    check = model_check(current, requests, costs, slo, step_fit.noise_sigma)
     if check:
         evidence.append(
             f"model check on the current layout: predicted TTFT p50 {check['predicted_ttft_p50_s']:.3g} s vs measured "
@@ -372,13 +375,22 @@ def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, trans
     return lines
 
 
-def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO) -> dict[str, float]:
+def _frontend_s(requests: RequestTable) -> float:
+    """Median TTFT the engine stages do not explain (router hop, streaming): measured, then replayed."""
+    transfer = np.where(np.isnan(requests.transfer_s), 0.0, requests.transfer_s)
+    rest = requests.ttft_s - requests.queue_s - requests.prefill_s - transfer
+    rest = rest[~np.isnan(rest) & ~requests.failed]
+    return float(max(0.0, np.median(rest))) if len(rest) else 0.0
+
+
+def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO, noise_sigma: float = 0.0) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
-    medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds)."""
+    medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
+    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible)."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
-    result = simulate(current, _workload(requests.select(ok)), costs, slo)
+    result = simulate(current, _workload(requests.select(ok)), costs, slo, noise_sigma=noise_sigma, seed=0)
     measured_itl = requests.itl(slo.itl_stat)[ok]
     return {
         "predicted_ttft_p50_s": float(np.median(result.ttft_s)),

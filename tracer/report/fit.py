@@ -59,15 +59,41 @@ class StepFit:
     interference_factor: float | None  # observed mean (mixed step / decode-only step at equal batch, context)
     interference_samples: int
     mixed_steps: int
+    # Spread of observed step times around the fit: the sigma of log(observed / predicted). The simulator
+    # multiplies each step by a lognormal factor of this sigma, so per-request tails (an ITL p99 is nearly
+    # the worst of a request's gaps) are not predicted from the mean alone.
+    noise_sigma: float = 0.0
+
+
+# A step that starts within this long after its predecessor ended follows it back to back (the worker
+# was busy): the time between them is the engine's own per-iteration overhead, part of the cycle.
+BACK_TO_BACK_GAP_S = 0.005
+
+
+def cycle_times_s(steps: StepTable) -> np.ndarray:
+    """Each step's iteration time as the engine lived it: start to the next step's start on the same
+    worker when the next one followed back to back, else the step's own duration. Scheduling, sampling
+    and streaming between GPU (here CPU) steps cost the worker time the step spans do not cover."""
+    cycle = steps.duration_s.astype(float).copy()
+    for worker in set(steps.worker):
+        index = np.flatnonzero(steps.worker == worker)
+        index = index[np.argsort(steps.start_ns[index], kind="stable")]
+        start_s = steps.start_ns[index] / 1e9
+        until_next_s = np.diff(start_s)
+        idle_s = until_next_s - steps.duration_s[index[:-1]]
+        busy = (idle_s >= 0) & (idle_s <= BACK_TO_BACK_GAP_S)
+        cycle[index[:-1][busy]] = until_next_s[busy]
+    return cycle
 
 
 def fit_steps(steps: StepTable) -> StepFit:
-    """Fit `StepCosts` to observed step spans (every pool together: they share the hardware)."""
+    """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware)."""
     p = steps.prefill_tokens.astype(float)
     features = np.column_stack(
         [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, p * p]
     )
-    fit = fit_nonnegative(features, steps.duration_s)
+    cycle_s = cycle_times_s(steps)
+    fit = fit_nonnegative(features, cycle_s)
     costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
     mixed = (steps.prefill_tokens > 0) & (steps.decode_requests > 0)
     factor = None
@@ -77,8 +103,11 @@ def fit_steps(steps: StepTable) -> StepFit:
             + costs.context_s_per_token * steps.context_tokens[mixed]
             + costs.decode_s_per_request * steps.decode_requests[mixed]
         )
-        factor = float(np.mean(steps.duration_s[mixed] / np.maximum(decode_part, 1e-9)))
-    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()))
+        factor = float(np.mean(cycle_s[mixed] / np.maximum(decode_part, 1e-9)))
+    predicted = features @ np.asarray(fit.coefficients, dtype=float)
+    usable = (predicted > 0) & (cycle_s > 0)
+    noise_sigma = float(np.std(np.log(cycle_s[usable] / predicted[usable]))) if usable.sum() > 2 else 0.0
+    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma)
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,9 @@ class TransferCosts:
 class Costs:
     step: StepCosts
     transfer: TransferCosts
+    # What a request spends outside the engine before its first token reaches the client (router hop,
+    # tokenisation, streaming): added to TTFT and end-to-end as measured, not modelled.
+    frontend_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -525,7 +528,9 @@ def simulate(
             gaps_all[request] = np.diff(ends, prepend=first_token[request])
             itl_p50[request] = np.median(gaps_all[request])
 
-    result = SimResult(layout, first_token - arrival, itl_p50, itl_p99, itl_max, itl_mean, e2e)
+    result = SimResult(
+        layout, first_token - arrival + costs.frontend_s, itl_p50, itl_p99, itl_max, itl_mean, e2e + costs.frontend_s
+    )
     if slo is not None:
         result.attainment = result.attainment_for(slo)
     if record:
