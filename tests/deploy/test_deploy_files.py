@@ -6,12 +6,15 @@ import re
 import subprocess
 from pathlib import Path
 
+import click
 import pytest
 import yaml
 
 from alerts.promtool import promtool_path
 from alerts.rules import RULES_PATH
 from dashboards.build import GENERATED_DIR
+from reference_server.launch import serve_command
+from tracer.sidecar.main import sidecar_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
@@ -69,10 +72,19 @@ def test_prometheus_config_is_valid_and_scrapes_our_default_ports() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = {job["job_name"]: job for job in _yaml("prometheus.yml")["scrape_configs"]}
     targets = {job: [t for sc in cfg["static_configs"] for t in sc["targets"]] for job, cfg in jobs.items()}
-    assert targets["splitscope-router"] == [f"127.0.0.1:{ROUTER_PORT}"]
-    assert targets["splitscope-sidecar"] == [f"127.0.0.1:{SIDECAR_METRICS}"]
-    assert targets["splitscope-workers"], "no worker metrics targets"
+    # The router's /metrics merges its workers', and the sidecar's /metrics answers on its OTLP/HTTP port:
+    # one target per process at the commands' own defaults, so no series is scraped twice.
+    assert targets == {
+        "splitscope-router": [f"127.0.0.1:{_default(serve_command, 'port')}"],
+        "splitscope-sidecar": [f"127.0.0.1:{_default(sidecar_command, 'http_port')}"],
+    }
+    assert _default(serve_command, "port") == ROUTER_PORT
+    assert _default(sidecar_command, "http_port") == SIDECAR_OTLP_HTTP
     assert all(re.fullmatch(r"splitscope-[a-z]+", job) for job in jobs)  # TelemetryAbsent's job regex
+
+
+def _default(command: click.Command, option: str) -> object:
+    return next(p.default for p in command.params if p.name == option)
 
 
 def test_ports_named_in_compose_match_the_defaults(compose: dict) -> None:
