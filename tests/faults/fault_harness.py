@@ -1,0 +1,265 @@
+"""Helpers for the fault tests: memory of a process, a closed-loop workload, alternating rounds, the
+merged /metrics, a `splitscope sidecar` child process, and what /proc/net/tcp says about a connection.
+
+Nothing here sleeps to wait for something: every wait polls a condition with a deadline (`wait_for`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO_ROOT
+from tests.reference_server.server_harness import Server, http, wait_for
+
+SIDECAR_START_TIMEOUT_S = 60.0
+TCP_ESTABLISHED = 0x01
+TCP_LISTEN = 0x0A
+
+
+# ----------------------------------------------------------------------------------------- processes
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of `pid` (VmRSS of /proc/PID/status), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def server_rss_bytes(server: Server) -> dict[str, int]:
+    """RSS of the router (the launcher process) and of every worker, by name."""
+    names = {w["pid"]: w["name"] for w in server.health()["workers"]}
+    out = {"router": rss_bytes(server.process.pid)}
+    out.update({names.get(pid, str(pid)): rss_bytes(pid) for pid in server.worker_pids})
+    return out
+
+
+def stop_process(process: subprocess.Popen, grace_s: float = 5.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within `grace_s`; returns the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            return process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return process.wait(10)
+
+
+def kill_process(process: subprocess.Popen) -> None:
+    """SIGKILL and reap: the crash of a telemetry component, with no chance to clean up."""
+    if process.poll() is None:
+        process.kill()
+    process.wait(10)
+
+
+class SidecarProcess:
+    """`splitscope sidecar ARGS...` as a child process; `start()` returns once it says it is listening."""
+
+    def __init__(self, log_path: Path, *args: str) -> None:
+        self.log_path = log_path
+        self.args = args
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> SidecarProcess:
+        command = [sys.executable, "-c", "from tracer.cli import main; main()", "sidecar", "--no-gpu", *self.args]
+        start_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)  # fmt: skip
+
+        def listening_or_dead() -> bool:
+            text = self.log_path.read_text(errors="replace")[start_offset:]
+            return "splitscope sidecar listening" in text or self.process.poll() is not None
+
+        wait_for(listening_or_dead, SIDECAR_START_TIMEOUT_S, "the sidecar's 'listening' line")
+        if self.process.poll() is not None:
+            raise AssertionError(f"sidecar exited with {self.process.returncode}:\n{self.log()}")
+        return self
+
+    def kill(self) -> None:
+        assert self.process is not None
+        kill_process(self.process)
+
+    def close(self) -> None:
+        if self.process is not None:
+            kill_process(self.process)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+# ------------------------------------------------------------------------------------------ metrics
+
+
+def metric_samples(server: Server) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The router's merged /metrics (its own families plus every live worker's), as
+    {(sample name, sorted labels): value}."""
+    status, body, _ = http("GET", server.url + "/metrics", timeout_s=30.0)
+    assert status == 200, body[:300]
+    samples = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def metric_value(server: Server, name: str, **labels: str) -> float:
+    """Sum of the samples called `name` whose labels include `labels` (0.0 when there are none)."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in metric_samples(server).items() if n == name and wanted <= set(ls))
+
+
+def dropped_records(server: Server, reason: str) -> float:
+    return metric_value(server, "splitscope_tracer_dropped_records_total", reason=reason)
+
+
+# ----------------------------------------------------------------------------------------- workload
+
+COMPLETION = {"prompt": "fault injection keeps serving " * 2, "max_tokens": 24, "ignore_eos": True}
+
+
+@dataclass
+class RoundResult:
+    label: str
+    output_tokens: int
+    requests: int
+    errors: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.wall_s
+
+
+def closed_loop(server: Server, duration_s: float, label: str, clients: int = 3) -> RoundResult:
+    """`clients` threads send COMPLETION back to back for `duration_s`; counts answered output tokens.
+
+    The round's wall time runs until the last answer, so requests in flight at the deadline count in
+    full and no round is cut short of its work.
+    """
+    tokens = [0] * clients
+    requests = [0] * clients
+    errors = [0] * clients
+    deadline = time.monotonic() + duration_s
+
+    def client(i: int) -> None:
+        while time.monotonic() < deadline:
+            status, body, _ = server.complete(COMPLETION, timeout_s=60.0)
+            if status == 200:
+                tokens[i] += json.loads(body)["usage"]["completion_tokens"]
+                requests[i] += 1
+            else:
+                errors[i] += 1
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(duration_s + 120)
+    return RoundResult(label, sum(tokens), sum(requests), sum(errors), time.monotonic() - started)
+
+
+@dataclass
+class Comparison:
+    """Alternating rounds of one workload with telemetry healthy and with a fault injected."""
+
+    rounds: list[RoundResult] = field(default_factory=list)
+
+    def of(self, label: str) -> list[RoundResult]:
+        return [r for r in self.rounds if r.label == label]
+
+    @property
+    def ratio(self) -> float:
+        """Median faulted throughput over median healthy throughput (output tokens per second)."""
+        healthy = statistics.median(r.tokens_per_s for r in self.of("healthy"))
+        faulted = statistics.median(r.tokens_per_s for r in self.of("faulted"))
+        return faulted / healthy
+
+    def describe(self) -> str:
+        return ", ".join(f"{r.label} {r.tokens_per_s:.0f} tok/s ({r.requests} req, {r.errors} err)" for r in self.rounds)
+
+
+# Healthy and faulted rounds in ABBA order (H F F H H F ...): a slow drift of the shared machine's load
+# touches both sides alike, and the fault is injected and cleared only every other round.
+def abba(pairs: int) -> list[str]:
+    order = []
+    for i in range(pairs):
+        order += ["healthy", "faulted"] if i % 2 == 0 else ["faulted", "healthy"]
+    return order
+
+
+def compare_rounds(server: Server, make_healthy: Callable[[], None], make_faulted: Callable[[], None],
+                   *, pairs: int = 3, round_s: float = 2.5,
+                   after_round: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
+    """Run `pairs` healthy/faulted pairs of closed-loop rounds; the fault is switched only on a change."""
+    comparison = Comparison()
+    state = ""
+    for label in abba(pairs):
+        if label != state:
+            (make_healthy if label == "healthy" else make_faulted)()
+            state = label
+        comparison.rounds.append(closed_loop(server, round_s, label))
+        if after_round is not None:
+            after_round(label)
+    return comparison
+
+
+# ------------------------------------------------------------------------------------------ sockets
+
+
+@dataclass(frozen=True)
+class TcpRow:
+    local_port: int
+    remote_port: int
+    state: int
+    rx_queue_bytes: int
+    inode: int
+
+
+def tcp_rows() -> list[TcpRow]:
+    """IPv4 TCP sockets of this network namespace (/proc/net/tcp)."""
+    rows = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        rows.append(TcpRow(
+            local_port=int(fields[1].split(":")[1], 16), remote_port=int(fields[2].split(":")[1], 16),
+            state=int(fields[3], 16), rx_queue_bytes=int(fields[4].split(":")[1], 16), inode=int(fields[9]),
+        ))  # fmt: skip
+    return rows
+
+
+def socket_inodes(pid: int) -> set[int]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:["):-1]))
+    return inodes
+
+
+def unread_bytes_sent_by(sender_pid: int, receiver_pid: int) -> int:
+    """Bytes that `sender_pid` sent over TCP to a port `receiver_pid` listens on and that the receiver has
+    not read yet (its side's receive queue, accepted or still in the accept queue)."""
+    rows = tcp_rows()
+    receiver, sender = socket_inodes(receiver_pid), socket_inodes(sender_pid)
+    listening = {r.local_port for r in rows if r.state == TCP_LISTEN and r.inode in receiver}
+    sender_ports = {r.local_port for r in rows if r.state == TCP_ESTABLISHED and r.inode in sender and r.remote_port in listening}
+    return sum(r.rx_queue_bytes for r in rows
+               if r.state == TCP_ESTABLISHED and r.local_port in listening and r.remote_port in sender_ports)  # fmt: skip
