@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +20,25 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.fail(f"shared fixtures folder not found at {SHARED_DIR}")
     return SHARED_DIR
+
+
+_POLL_S = 0.02
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float = 10.0, what: str = "condition") -> Any:
+    """Poll `condition` until it returns something truthy and return that; fail the test at the deadline.
+
+    Tests wait on the thing itself through this, never on a fixed sleep; the short pause between polls is
+    the polling interval, not a guess at how long something takes.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(_POLL_S)
 
 
 def free_port() -> int:

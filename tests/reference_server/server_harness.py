@@ -11,10 +11,8 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +25,6 @@ from tests.conftest import REPO_ROOT
 from tracer.traces import Span, iter_spans
 
 STARTUP_TIMEOUT_S = 180.0  # workers import torch and build the model; a loaded 2-core box is slow
-POLL_S = 0.05
-
-
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Poll `condition` until it returns something truthy; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(POLL_S)
 
 
 def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None, headers: dict[str, str] | None = None,

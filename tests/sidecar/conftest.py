@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
 from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.traces import Span, iter_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
-
-
-def wait_for(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "condition") -> object:
-    """Poll `condition` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)  # poll interval of a condition wait, not a wait for something to happen
 
 
 def read_spans(path: Path) -> list[Span]:
