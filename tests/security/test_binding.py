@@ -16,7 +16,10 @@ import urllib.request
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import (
+    trace_service_pb2,
+    trace_service_pb2_grpc,
+)
 
 from reference_server import transfer_wire
 from reference_server.transfer import TOKEN_ENV_VAR
@@ -92,35 +95,34 @@ def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) ->
     peer without the token, and serves one that has it."""
     command = [sys.executable, "-m", "reference_server.worker", "--role", "decode", "--name", "decode-0",
                "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
-    log = open(tmp_path / "worker.log", "w+")
-    worker = subprocess.Popen(command, cwd=REPO_ROOT, env=clean_environment(**{TOKEN_ENV_VAR: "s3cret"}),
-                              stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True)  # fmt: skip
-    try:
-        assert worker.stdout is not None
-        ready = next((line for line in worker.stdout if line.startswith("SPLITSCOPE_WORKER_READY")), None)
-        assert ready is not None, f"worker did not start:\n{(tmp_path / 'worker.log').read_text()}"
-        listeners = listening([worker.pid])
-        assert len(listeners) == 2 and all(l.host == "0.0.0.0" for l in listeners), listeners
-        answers = {l.port: probe_health(f"http://127.0.0.1:{l.port}") for l in listeners}
-        (api_port,) = [port for port, answer in answers.items() if answer is not None]
-        (kv_port,) = [port for port, answer in answers.items() if answer is None]  # not HTTP: the KV receiver
-        base = f"http://127.0.0.1:{api_port}"
-        assert answers[api_port][0] == 401
-        assert http("GET", base + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
-        assert http("POST", base + "/generate", {"request_id": "r"})[0] == 401
-        assert http("GET", base + "/health", headers={"Authorization": "Bearer s3cret"})[0] == 200
-        for token in (None, "wrong"):
+    env = clean_environment(**{TOKEN_ENV_VAR: "s3cret"})
+    with open(tmp_path / "worker.log", "w+") as log, subprocess.Popen(
+        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True
+    ) as worker:
+        try:
+            assert worker.stdout is not None
+            ready = next((line for line in worker.stdout if line.startswith("SPLITSCOPE_WORKER_READY")), None)
+            assert ready is not None, f"worker did not start:\n{(tmp_path / 'worker.log').read_text()}"
+            listeners = listening([worker.pid])
+            assert len(listeners) == 2 and all(l.host == "0.0.0.0" for l in listeners), listeners
+            answers = {l.port: probe_health(f"http://127.0.0.1:{l.port}") for l in listeners}
+            (api_port,) = [port for port, answer in answers.items() if answer is not None]
+            (kv_port,) = [port for port, answer in answers.items() if answer is None]  # not HTTP: the KV receiver
+            base = f"http://127.0.0.1:{api_port}"
+            assert answers[api_port][0] == 401
+            assert http("GET", base + "/metrics", headers={"Authorization": "Bearer wrong"})[0] == 401
+            assert http("POST", base + "/generate", {"request_id": "r"})[0] == 401
+            assert http("GET", base + "/health", headers={"Authorization": "Bearer s3cret"})[0] == 200
+            for token in (None, "wrong"):
+                with socket.create_connection(("127.0.0.1", kv_port), timeout=10) as sock:
+                    send_frame(sock, transfer_wire.clock_message(0, token))
+                    reply = read_frame(sock, eof_ok=True)
+                assert reply is not None and reply["type"] == "error" and reply["reason"] == "unauthorized", reply
             with socket.create_connection(("127.0.0.1", kv_port), timeout=10) as sock:
-                send_frame(sock, transfer_wire.clock_message(0, token))
-                reply = read_frame(sock, eof_ok=True)
-            assert reply is not None and reply["type"] == "error" and reply["reason"] == "unauthorized", reply
-        with socket.create_connection(("127.0.0.1", kv_port), timeout=10) as sock:
-            send_frame(sock, transfer_wire.clock_message(0, "s3cret"))
-            assert read_frame(sock)["type"] == "clock_reply"
-    finally:
-        worker.terminate()
-        worker.wait(30)
-        log.close()
+                send_frame(sock, transfer_wire.clock_message(0, "s3cret"))
+                assert read_frame(sock)["type"] == "clock_reply"
+        finally:
+            worker.terminate()
 
 
 def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -> None:
