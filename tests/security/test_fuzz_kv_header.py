@@ -19,9 +19,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_server.transfer import FAILURE_REASONS, TOKEN_ENV_VAR, KVSender, KVTransferError
+from reference_server.transfer import (
+    FAILURE_REASONS,
+    TOKEN_ENV_VAR,
+    KVSender,
+    KVTransferError,
+)
 from reference_server.transfer_wire import MAGIC, MAX_HEADER_BYTES, read_frame
-from tests.reference_server.test_transfer import JSON_VALUES, Side, make_pool, same_bits, valid_header
+from tests.reference_server.test_transfer import (
+    JSON_VALUES,
+    Side,
+    make_pool,
+    same_bits,
+    valid_header,
+)
 
 FUZZ_CASES = 300
 TIMEOUT_S = 10.0
