@@ -31,7 +31,7 @@ class BackgroundLoad:
     def __init__(self, config: LoadConfig) -> None:
         self.config = config
         self.result: LoadResult | None = None
-        self._error: BaseException | None = None
+        self._error: Exception | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -50,7 +50,7 @@ class BackgroundLoad:
 
         try:
             self.result = asyncio.run(main())
-        except BaseException as exc:  # handed to join(): a failing load must fail the test, not vanish
+        except Exception as exc:  # noqa: BLE001 - re-raised by join(): a failing load must fail the test
             self._error = exc
         finally:
             self._ready.set()

@@ -20,9 +20,18 @@ from dataclasses import dataclass
 import pytest
 
 from alerts.rules import RULES_PATH
-from dashboards.catalogue import dashboard_queries, grafana_to_promql, referenced_metrics
+from dashboards.catalogue import (
+    dashboard_queries,
+    grafana_to_promql,
+    referenced_metrics,
+)
 from reference_server.process import ServerProcess
-from tests.e2e.live import BackgroundLoad, exposed_families, finite_values, missing_families
+from tests.e2e.live import (
+    BackgroundLoad,
+    exposed_families,
+    finite_values,
+    missing_families,
+)
 from tests.prom import PrometheusHandle, running_prometheus
 from tracer.load import LengthSpec, LoadConfig
 from tracer.sidecar.server import Sidecar, SidecarConfig
