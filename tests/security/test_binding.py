@@ -22,8 +22,10 @@ from opentelemetry.proto.collector.trace.v1 import (
 )
 
 from reference_server import transfer_wire
+from reference_server.launch import ServeConfig, worker_command
 from reference_server.transfer import TOKEN_ENV_VAR
 from reference_server.transfer_wire import read_frame, send_frame
+from reference_server.worker import WorkerOptions
 from tests.conftest import REPO_ROOT
 from tests.reference_server.server_harness import Server, http, wait_for
 from tests.security.listeners import descendants, listening
@@ -49,6 +51,16 @@ def test_every_listener_of_a_default_server_and_sidecar_is_on_loopback(server: S
     assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {l.port for l in sidecar_listeners}
     exposed = [l for l in server_listeners + sidecar_listeners if l.host != "127.0.0.1"]
     assert exposed == [], f"listening beyond loopback: {exposed}"
+
+
+def test_router_follows_host_but_workers_stay_on_loopback() -> None:
+    """`serve --host 0.0.0.0` opens the public API wide (the user's explicit choice); the launcher never
+    passes --host on to its workers, so their internal APIs and KV receivers stay on 127.0.0.1."""
+    config = ServeConfig(mode="disaggregated", host="0.0.0.0")
+    for role, name in config.roles():
+        command = worker_command(config, role, name, threads=1)
+        assert "--host" not in command and "0.0.0.0" not in command, command
+    assert WorkerOptions(role="decode", name="d").host == "127.0.0.1"
 
 
 def _run_until_exit_or_ready(command: list[str], env: dict[str, str]) -> tuple[int | None, str]:

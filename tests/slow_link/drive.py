@@ -41,6 +41,10 @@ from tracer import start_tracing
 
 STARTUP_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 120.0
+# Before the first phase: one short request whose transfer opens the sender's connections to the decode
+# worker (one per stream), a one-time cost that belongs to no phase. (max_tokens 2: a request that ends
+# at its first token never moves its KV.)
+WARM_UP_PROMPT_TOKENS = 256
 
 
 def prompt_of(tokens: int, seed: int) -> str:
@@ -72,6 +76,15 @@ async def _drain(stream: asyncio.StreamReader, name: str) -> None:
         sys.stderr.write(f"[{name}] {line.decode(errors='replace')}")
 
 
+async def _complete(client: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> str:
+    """POST one completion; its id (the root span's splitscope.request.id). Raises unless 200."""
+    async with client.post(url, json=body) as response:
+        answer = await response.json()
+        if response.status != 200:
+            raise RuntimeError(f"request failed with {response.status}: {answer}")
+    return answer["id"]
+
+
 async def run(plan: dict[str, Any]) -> dict[str, Any]:
     os.environ[TOKEN_ENV_VAR] = plan["token"]  # inherited by both workers; read by the router
     link = VethLink(Side(**plan["link"]["left"]), Side(**plan["link"]["right"]))
@@ -98,6 +111,7 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
         phases = []
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as client:
+            await _complete(client, url, {"model": plan["preset"], "prompt": prompt_of(WARM_UP_PROMPT_TOKENS, -1), "max_tokens": 2})
             for phase_index, phase in enumerate(plan["phases"]):
                 link.set_rate(phase["rate_bits_per_s"])
                 start_wall_ns = time.time_ns()
@@ -105,11 +119,7 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
                 for i, tokens in enumerate(phase["prompt_tokens"]):
                     body = {"model": plan["preset"], "prompt": prompt_of(tokens, 1000 * phase_index + i),
                             "max_tokens": plan["max_tokens"], "ignore_eos": True}  # fmt: skip
-                    async with client.post(url, json=body) as response:
-                        answer = await response.json()
-                        if response.status != 200:
-                            raise RuntimeError(f"request failed with {response.status}: {answer}")
-                    request_ids.append(answer["id"])
+                    request_ids.append(await _complete(client, url, body))
                 phases.append({"label": phase["label"], "rate_bits_per_s": phase["rate_bits_per_s"],
                                "start_wall_ns": start_wall_ns, "end_wall_ns": time.time_ns(), "request_ids": request_ids})  # fmt: skip
         return {"phases": phases}

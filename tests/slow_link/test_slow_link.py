@@ -9,6 +9,7 @@ Needs root (network namespaces, qdiscs); CI runs as root. Elsewhere the test ski
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from dataclasses import asdict
@@ -94,8 +95,9 @@ def test_report_on_the_slow_link_does_not_recommend_splitting(slow_run: tuple[di
     prefill_s = [s.duration_s for s in spans if s.name == "splitscope.prefill"]
     transfer_s = [s.duration_s for s in spans if s.name == "splitscope.kv_transfer"]
     # An objective a colocated pool meets (no transfer) and a split at this rate cannot: time to first
-    # token of the slowest prefill plus half the quickest transfer.
-    slo = SLO(ttft_s=max(prefill_s) + 0.5 * min(transfer_s), itl_s=1.0)
+    # token of a typical prefill plus half the quickest transfer (the median: a loaded machine's outlier
+    # prefill must not stretch the objective past prefill + transfer).
+    slo = SLO(ttft_s=statistics.median(prefill_s) + 0.5 * min(transfer_s), itl_s=1.0)
     report = build_report([slow], ReportOptions(slo, min_requests=len(phase["request_ids"])))
     assert report.fits["transfer"]["observed"]
     assert report.fits["transfer"]["bandwidth_gbps"] == pytest.approx(0.1, rel=RATE_TOLERANCE)
