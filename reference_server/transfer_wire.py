@@ -33,6 +33,8 @@ from typing import Any
 
 import xxhash
 
+from tracer.metrics import KV_TRANSFER_FAILURE_REASONS
+
 MAGIC = b"SSKV"
 WIRE_VERSION = 1
 MAX_HEADER_BYTES = 1 << 20
@@ -54,15 +56,9 @@ ALLOWED_DTYPES: dict[str, int] = {
     "float8_e5m2": 1,
 }
 
-# Labels of splitscope_kv_transfer_failures_total{reason}; bind one metric child per label at start.
-FAILURE_REASONS: tuple[str, ...] = (
-    "checksum",  # bytes arrived but do not match the sender's checksum
-    "connection",  # a connection could not be made, or dropped mid-transfer
-    "timeout",  # a socket operation or the whole transfer ran past its deadline
-    "refused",  # the receiver is out of blocks, connections or transfer slots, or rejected the result
-    "unauthorized",  # the shared-secret token is missing or wrong
-    "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
-)
+# Labels of splitscope_kv_transfer_failures_total{reason}: the metric catalogue owns them (and creates
+# one child per reason at start, so the first failure of each kind is visible to increase()).
+FAILURE_REASONS: tuple[str, ...] = KV_TRANSFER_FAILURE_REASONS
 
 # The shared secret a receiver requires (when set) and a sender presents; compared in constant time.
 TOKEN_ENV_VAR = "SPLITSCOPE_KV_TOKEN"

@@ -29,6 +29,15 @@ TOKEN_BUCKETS_S = (
 )  # fmt: skip
 
 POOLS = ("colocated", "prefill", "decode")
+# splitscope_kv_transfer_failures_total{reason}
+KV_TRANSFER_FAILURE_REASONS = (
+    "checksum",  # bytes arrived but do not match the sender's checksum
+    "connection",  # a connection could not be made, or dropped mid-transfer
+    "timeout",  # a socket operation or the whole transfer ran past its deadline
+    "refused",  # the receiver is out of blocks, connections or transfer slots, or rejected the result
+    "unauthorized",  # the shared-secret token is missing or wrong
+    "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
+)
 MODES = ("colocated", "chunked", "disaggregated")
 STAGE_METRIC_LABELS = ("queue", "prefill", "kv_transfer", "decode")
 
@@ -94,9 +103,12 @@ class Catalogue:
             registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
-        # Children that exist from the start, so rate() and absent() behave before the first failure.
+        # Children that exist from the start, so increase() sees the first failure of each kind (a series
+        # born at 1 has no increase) and absent() behaves before any failure.
         for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable"):
             self.tracer_dropped.labels(reason=reason)
+        for reason in KV_TRANSFER_FAILURE_REASONS:
+            self.kv_transfer_failures.labels(reason=reason)
 
     def bind(self, pool: str, worker: str) -> WorkerMetrics:
         """The label children of one worker, created once."""

@@ -259,3 +259,16 @@ def test_span_kinds_pass_through_to_the_sdk_span(kind, expected):
 
     data = s.SpanData("x", kind, 1, 2, 0, 10, 20, {})
     assert s.to_readable_span(data, Resource({})).kind == expected
+
+
+def test_failure_counters_exist_at_zero_before_the_first_failure():
+    from prometheus_client import generate_latest
+
+    from tracer.metrics import KV_TRANSFER_FAILURE_REASONS
+
+    registry = CollectorRegistry()
+    Catalogue(registry)
+    text = generate_latest(registry).decode()
+    for reason in KV_TRANSFER_FAILURE_REASONS:
+        assert f'splitscope_kv_transfer_failures_total{{reason="{reason}"}} 0.0' in text
+    assert 'splitscope_tracer_dropped_records_total{reason="ring_full"} 0.0' in text
