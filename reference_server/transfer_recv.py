@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from reference_server.transfer_pool import pool_bytes
+from tracer.auth import is_loopback
 from reference_server.transfer_wire import (
     TOKEN_ENV_VAR,
     KVTransferError,
@@ -41,7 +42,6 @@ from reference_server.transfer_wire import (
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 _FAILED_TRANSFERS_REMEMBERED = 1024
 _LINGER_S = 1.0
 _LINGER_MAX_BYTES = 8 << 20
@@ -160,7 +160,7 @@ class KVReceiver:
         self._access = pool_bytes(pool)
         self._layout = self._access.layout
         self._token = token if token is not None else token_from_env()
-        if host not in LOOPBACK_HOSTS and self._token is None:
+        if not is_loopback(host) and self._token is None:
             raise ValueError(f"binding the KV receiver to {host} needs a shared-secret token: set {TOKEN_ENV_VAR}")
         self._allocate_blocks = allocate_blocks
         self._free_blocks = free_blocks

@@ -20,7 +20,6 @@ It does not import torch.
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
@@ -33,6 +32,7 @@ from typing import Any
 
 import xxhash
 
+from tracer.auth import token_ok
 from tracer.metrics import KV_TRANSFER_FAILURE_REASONS
 
 MAGIC = b"SSKV"
@@ -449,12 +449,8 @@ def reply_int(message: dict[str, Any], key: str) -> int:
 
 def token_matches(expected: str | None, message: dict[str, Any]) -> bool:
     """True if no token is configured, or the frame's ``token`` equals it (constant-time comparison)."""
-    if expected is None:
-        return True
     presented = message.get("token")
-    if not isinstance(presented, str):
-        return False
-    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+    return token_ok(expected or "", presented if isinstance(presented, str) else None)
 
 
 # ---------------------------------------------------------------------------------------------- checks

@@ -55,7 +55,7 @@ from reference_server.tokenizer import EOS_ID
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.metrics import exposition
-from tracer.sidecar.auth import bearer_ok, is_loopback
+from tracer.auth import bearer_ok, is_loopback
 
 log = logging.getLogger("reference_server.worker")
 

@@ -8,20 +8,13 @@ constant time (hmac.compare_digest).
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import os
 
+from tracer.auth import bearer_ok, is_loopback, token_ok
+
+__all__ = ["TOKEN_ENV", "bearer_ok", "is_loopback", "token_for", "token_ok"]
+
 TOKEN_ENV = "SPLITSCOPE_SIDECAR_TOKEN"
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def token_for(hosts: list[str], environ: dict[str, str] | None = None) -> str:
@@ -31,18 +24,3 @@ def token_for(hosts: list[str], environ: dict[str, str] | None = None) -> str:
     if exposed and not token:
         raise ValueError(f"binding {', '.join(exposed)} (not loopback) needs a shared secret in ${TOKEN_ENV}")
     return token
-
-
-def token_ok(expected: str, presented: str | None) -> bool:
-    """True when no token is required, or `presented` equals it (constant-time compare)."""
-    if not expected:
-        return True
-    return presented is not None and hmac.compare_digest(expected.encode(), presented.encode())
-
-
-def bearer_ok(expected: str, authorization_header: str | None) -> bool:
-    if not expected:
-        return True
-    header = authorization_header or ""
-    scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and token_ok(expected, value.strip())
