@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -20,8 +19,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import REPO_ROOT
-from tests.reference_server.server_harness import Server, http, wait_for
+from tests.conftest import REPO_ROOT, wait_for
+from tests.reference_server.server_harness import Server, http
 
 SIDECAR_START_TIMEOUT_S = 60.0
 TCP_ESTABLISHED = 0x01
@@ -101,6 +100,21 @@ class SidecarProcess:
         return self.log_path.read_text(errors="replace")[-4000:]
 
 
+def start_server(tmp_dir: Path, environ: dict[str, str], *serve_args: str) -> Server:
+    """A `Server` (tests.reference_server.server_harness) whose processes see `environ` on top of ours."""
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    saved = {name: os.environ.get(name) for name in environ}
+    os.environ.update(environ)
+    try:
+        return Server(tmp_dir, *serve_args)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 # ------------------------------------------------------------------------------------------ metrics
 
 
@@ -174,48 +188,45 @@ def closed_loop(server: Server, duration_s: float, label: str, clients: int = 3)
 
 
 @dataclass
-class Comparison:
-    """Alternating rounds of one workload with telemetry healthy and with a fault injected."""
+class Phase:
+    """Interleaved slices of one workload on two like servers, one with healthy telemetry, one faulted."""
 
-    rounds: list[RoundResult] = field(default_factory=list)
+    healthy: list[RoundResult] = field(default_factory=list)
+    faulted: list[RoundResult] = field(default_factory=list)
 
-    def of(self, label: str) -> list[RoundResult]:
-        return [r for r in self.rounds if r.label == label]
+    @staticmethod
+    def _tokens_per_s(results: list[RoundResult]) -> float:
+        return sum(r.output_tokens for r in results) / sum(r.wall_s for r in results)
 
     @property
     def ratio(self) -> float:
-        """Median faulted throughput over median healthy throughput (output tokens per second)."""
-        healthy = statistics.median(r.tokens_per_s for r in self.of("healthy"))
-        faulted = statistics.median(r.tokens_per_s for r in self.of("faulted"))
-        return faulted / healthy
+        """Faulted over healthy output tokens per second, over all slices."""
+        return self._tokens_per_s(self.faulted) / self._tokens_per_s(self.healthy)
+
+    @property
+    def errors(self) -> int:
+        return sum(r.errors for r in self.healthy + self.faulted)
 
     def describe(self) -> str:
-        return ", ".join(f"{r.label} {r.tokens_per_s:.0f} tok/s ({r.requests} req, {r.errors} err)" for r in self.rounds)
+        return (f"healthy {self._tokens_per_s(self.healthy):.0f} tok/s, faulted {self._tokens_per_s(self.faulted):.0f} tok/s"
+                f" over {len(self.healthy)} slices each")  # fmt: skip
 
 
-# Healthy and faulted rounds in ABBA order (H F F H H F ...): a slow drift of the shared machine's load
-# touches both sides alike, and the fault is injected and cleared only every other round.
-def abba(pairs: int) -> list[str]:
-    order = []
-    for i in range(pairs):
-        order += ["healthy", "faulted"] if i % 2 == 0 else ["faulted", "healthy"]
-    return order
+def interleaved(healthy: Server, faulted: Server, *, slices: int = 6, slice_s: float = 0.75) -> Phase:
+    """Load one server, then the other, in short alternating slices (ABBA), so that the shared machine's
+    changing load falls on both alike; a slow drift cancels, and a fault that costs serving time shows."""
+    phase = Phase()
+    for i in range(slices):
+        order = (("healthy", healthy), ("faulted", faulted)) if i % 2 == 0 else (("faulted", faulted), ("healthy", healthy))
+        for label, server in order:
+            getattr(phase, label).append(closed_loop(server, slice_s, label))
+    return phase
 
 
-def compare_rounds(server: Server, make_healthy: Callable[[], None], make_faulted: Callable[[], None],
-                   *, pairs: int = 3, round_s: float = 2.5,
-                   after_round: Callable[[str], None] | None = None) -> Comparison:  # fmt: skip
-    """Run `pairs` healthy/faulted pairs of closed-loop rounds; the fault is switched only on a change."""
-    comparison = Comparison()
-    state = ""
-    for label in abba(pairs):
-        if label != state:
-            (make_healthy if label == "healthy" else make_faulted)()
-            state = label
-        comparison.rounds.append(closed_loop(server, round_s, label))
-        if after_round is not None:
-            after_round(label)
-    return comparison
+def combined_ratio(first: Phase, second: Phase) -> float:
+    """Throughput ratio with the fault on one server, then the other: the geometric mean of the two
+    phases cancels any difference between the two servers themselves."""
+    return (first.ratio * second.ratio) ** 0.5
 
 
 # ------------------------------------------------------------------------------------------ sockets

@@ -18,8 +18,9 @@ import threading
 import time
 
 from reference_server.transfer import KVSender
+from tests.conftest import wait_for
 from tests.faults.fault_harness import metric_value, unread_bytes_sent_by
-from tests.reference_server.server_harness import Server, sse_events, wait_for
+from tests.reference_server.server_harness import Server, sse_events
 
 # The sender gives up on a silent receiver after its socket timeout: the request's error must come by then.
 KV_IO_TIMEOUT_S = inspect.signature(KVSender).parameters["io_timeout_s"].default
