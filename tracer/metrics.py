@@ -105,7 +105,7 @@ class Catalogue:
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
-        for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable"):
+        for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full"):
             self.tracer_dropped.labels(reason=reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
