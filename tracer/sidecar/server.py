@@ -87,7 +87,7 @@ class Sidecar:
         self.exposed_registry = merged_registry(self.registry, self.scrapers)
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
-            processors=span_processors(None, config.environ),
+            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop("export_queue_full", n)),
             vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines, on_error=self._count_drop,
