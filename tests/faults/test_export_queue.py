@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from tests.conftest import free_port
+from tests.conftest import free_port, wait_for
 from tracer import spans as s
 from tracer.session import CountingBatchSpanProcessor, span_processors
 
@@ -100,3 +100,25 @@ def test_otel_bsp_settings_are_honoured_and_bad_ones_refused(tmp_path):
         processor.shutdown()
     with pytest.raises(ValueError, match="OTEL_BSP_MAX_QUEUE_SIZE='lots' must be a positive integer"):
         span_processors(traces_file, {"OTEL_BSP_MAX_QUEUE_SIZE": "lots"})
+
+
+def test_a_sidecar_whose_collector_is_dead_counts_what_its_export_queue_drops(tmp_path):
+    from tracer.sidecar.ingest_queue import Batch
+    from tracer.sidecar.server import Sidecar, SidecarConfig
+
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_BSP_MAX_QUEUE_SIZE": "128",
+               "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"}  # fmt: skip
+    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, gpu=False, environ=environ)).start()
+    try:
+        batch = [s.SpanData(
+            name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=s.new_trace_id(), span_id=s.new_span_id(), parent_span_id=0,
+            start_ns=1_000, end_ns=2_000, attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
+        ) for _ in range(1000)]  # fmt: skip
+        assert sidecar.queue.offer(Batch((("service.name", "w0"),), batch))
+
+        def dropped() -> float:
+            return sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "export_queue_full"})
+
+        wait_for(lambda: dropped() >= 1000 - 128 - 32, 30, "the sidecar to count its export queue's drops")
+    finally:
+        sidecar.stop(2.0)
