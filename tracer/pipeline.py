@@ -55,6 +55,8 @@ STAGE_SPAN_NAMES = {
 }
 # A gap counts as a decode stall when it exceeds this multiple of the request's median gap.
 STALL_FACTOR = 3.0
+# Spans handed to the sink between two yields of the interpreter lock (see Pipeline.drain_once).
+EMIT_SLICE = 32
 # Step spans of one worker share a trace per window, so no trace grows without bound.
 STEP_TRACE_WINDOW_NS = 60_000_000_000
 
@@ -367,9 +369,13 @@ class Pipeline:
             self._drop("ring_full", ring_drops)
         if self._pending_gauge is not None:
             self._pending_gauge.set(len(self._pending) + len(self.ring))
-        if out:
-            self.sink.emit(out)
-            self.emitted += len(out)
+        # Emit in small slices and yield the GIL between them: a long uninterrupted pass would make the
+        # engine thread wait for the interpreter lock each time one of its device/torch calls returns.
+        for first in range(0, len(out), EMIT_SLICE):
+            if first:
+                time.sleep(0)
+            self.sink.emit(out[first : first + EMIT_SLICE])
+        self.emitted += len(out)
         return len(out)
 
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
