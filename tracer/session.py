@@ -80,9 +80,9 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
 
     def on_end(self, span: ReadableSpan) -> None:
         queue = self._queue
-        if queue is not None and self._on_drop is not None and len(queue) >= queue.maxlen:
-            if span.context is not None and span.context.trace_flags.sampled:
-                self._on_drop(1)
+        full = queue is not None and len(queue) >= queue.maxlen
+        if full and self._on_drop is not None and span.context is not None and span.context.trace_flags.sampled:
+            self._on_drop(1)
         super().on_end(span)
 
     def force_flush(self, timeout_millis: int | None = None) -> bool:
