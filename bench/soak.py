@@ -38,8 +38,8 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from reference_server.process import ServerProcess  # noqa: E402
-from tracer.load import BurstSpec, LengthSpec, LoadConfig, RunProgress, run_load_sync  # noqa: E402
+from reference_server.process import ServerProcess
+from tracer.load import BurstSpec, LengthSpec, LoadConfig, RunProgress, run_load_sync
 
 DROP_REASONS = ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full")
 MIB = 1 << 20
@@ -151,15 +151,15 @@ def markdown(result: dict) -> str:
     lines = [
         "## Soak",
         "",
-        f"`python bench/soak.py` ({cfg['duration_s']:.0f} s, {cfg['preset']} preset, disaggregated 1 prefill + 2 decode "
-        f"workers, {cfg['rate']:g} req/s Poisson with lognormal lengths, shared-prefix sessions and bursts of "
-        f"{cfg['burst']} long prompts; OTLP/HTTP collector SIGKILLed for {cfg['outage_s']:g} s every "
-        f"{cfg['outage_every_s']:g} s, {result['collector_outages']} outages; export queues of {cfg['export_queue']} spans). "
-        "Same run for every figure below.",
+        (f"`python bench/soak.py` ({cfg['duration_s']:.0f} s, {cfg['preset']} preset, disaggregated 1 prefill + 2 decode "
+         f"workers, {cfg['rate']:g} req/s Poisson with lognormal lengths, shared-prefix sessions and bursts of "
+         f"{cfg['burst']} long prompts; OTLP/HTTP collector SIGKILLed for {cfg['outage_s']:g} s every "
+         f"{cfg['outage_every_s']:g} s, {result['collector_outages']} outages; export queues of {cfg['export_queue']} spans). "
+         "Same run for every figure below."),
         "",
-        f"Requests: {load['scheduled']} scheduled, {load['ok']} ok, {load['errors']} errors "
-        f"({', '.join(f'{k} {v}' for k, v in load['errors_by_kind'].items() if v) or 'none'}), "
-        f"{load['skipped_inflight_cap']} skipped at the in-flight cap; {load['output_tokens_per_s']:.0f} output tokens/s.",
+        (f"Requests: {load['scheduled']} scheduled, {load['ok']} ok, {load['errors']} errors "
+         f"({', '.join(f'{k} {v}' for k, v in load['errors_by_kind'].items() if v) or 'none'}), "
+         f"{load['skipped_inflight_cap']} skipped at the in-flight cap; {load['output_tokens_per_s']:.0f} output tokens/s."),
         "",
         "Drops by reason (all processes, end of run): "
         + ", ".join(f"{r} {last['metrics'][f'dropped_{r}']:.0f}" for r in DROP_REASONS)
