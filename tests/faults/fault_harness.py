@@ -1,5 +1,6 @@
-"""Helpers for the fault tests: memory of a process, a closed-loop workload, alternating rounds, the
-merged /metrics, a `splitscope sidecar` child process, and what /proc/net/tcp says about a connection.
+"""Helpers for the fault tests: memory of a process, a closed-loop workload in interleaved slices on two
+servers, the merged /metrics, a `splitscope sidecar` child process, and what /proc/net/tcp says about a
+connection.
 
 Nothing here sleeps to wait for something: every wait polls a condition with a deadline (`wait_for`).
 """
