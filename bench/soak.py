@@ -173,11 +173,12 @@ def markdown(result: dict) -> str:
                      f"{p['rss_peak_mib']:.1f} | {p['growth_after_warmup_mib']:+.1f} | {p['slope_mib_per_hour']:+.1f} |")  # fmt: skip
     lines += ["", "RSS (MiB) over time, one row a minute:", "", "| t (s) | collector | " + " | ".join(result["processes"]) + " | ok | errors | dropped export_queue_full |",
               "|---" * (len(result["processes"]) + 5) + "|"]  # fmt: skip
-    next_t = 0.0
-    for s in result["samples"]:
-        if s["t_s"] + 1e-9 < next_t and s is not result["samples"][-1]:
-            continue
-        next_t = s["t_s"] + 60
+    next_t, shown_t, samples = 0.0, -60.0, result["samples"]
+    for s in samples:
+        due = s["t_s"] + 1 >= next_t if s is not samples[-1] else s["t_s"] - shown_t >= 30
+        if not due:
+            continue  # the first sample of each minute, and the final one unless a row just showed it
+        next_t, shown_t = (int(s["t_s"] + 1) // 60 + 1) * 60, s["t_s"]
         rss = " | ".join(f"{(s['rss'].get(n) or 0) / MIB:.1f}" for n in result["processes"])
         lines.append(f"| {s['t_s']:.0f} | {'up' if s['collector_alive'] else 'dead'} | {rss} | {s['ok']} | {s['errors']} | "
                      f"{s['metrics']['dropped_export_queue_full']:.0f} |")  # fmt: skip
