@@ -233,9 +233,7 @@ class MetricsRecorder:
             worker.prefix_hit_tokens.inc(cached)
         elif data.name == s.SPAN_DECODE:
             worker.decode_tokens.inc(int(attrs.get(s.ATTR_OUTPUT_TOKENS, 0)))
-            observe = worker.inter_token_latency.observe
-            for gap in data.samples.get("itl_gaps_s", ()):
-                observe(gap)
+            worker.inter_token_latency.observe_many(data.samples.get("itl_gaps_s", ()))
         elif data.name == s.SPAN_KV_TRANSFER:
             if data.error_type:
                 self.catalogue.kv_transfer_failures.labels(reason=data.error_type).inc()
