@@ -86,6 +86,12 @@ def cycle_times_s(steps: StepTable) -> np.ndarray:
     return cycle
 
 
+def _robust_sigma(values: np.ndarray) -> float:
+    """Standard deviation from the median absolute deviation: a few outlier steps (a collector pause, a
+    first-call warm-up) would otherwise widen the noise every simulated step gets."""
+    return float(1.4826 * np.median(np.abs(values - np.median(values))))
+
+
 def fit_steps(steps: StepTable) -> StepFit:
     """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware)."""
     p = steps.prefill_tokens.astype(float)
@@ -106,7 +112,7 @@ def fit_steps(steps: StepTable) -> StepFit:
         factor = float(np.mean(cycle_s[mixed] / np.maximum(decode_part, 1e-9)))
     predicted = features @ np.asarray(fit.coefficients, dtype=float)
     usable = (predicted > 0) & (cycle_s > 0)
-    noise_sigma = float(np.std(np.log(cycle_s[usable] / predicted[usable]))) if usable.sum() > 2 else 0.0
+    noise_sigma = _robust_sigma(np.log(cycle_s[usable] / predicted[usable])) if usable.sum() > 2 else 0.0
     return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma)
 
 
