@@ -338,7 +338,6 @@ class Pipeline:
 
     def drain_once(self, force_host_timing: bool = False) -> int:
         """Resolve and emit what can be; returns the number of spans emitted. Pipeline thread only."""
-        clock = self.summariser.clock
         now = perf_counter_ns()
         records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
         self._pending = []
