@@ -21,6 +21,28 @@ from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, Span, Trace
 
 ROOT_PREFIX = "text_completion"
 VLLM_REQUEST_SPAN = "llm_request"
+
+
+@dataclass(frozen=True)
+class _RequestKeys:
+    """Attribute names of a request span. vLLM uses the older token-count names, puts TTFT in its latency
+    attributes and has no inter-token statistics ("" = absent)."""
+
+    input_tokens: str
+    output_tokens: str
+    ttft_s: str
+    itl_p99_max_mean_s: tuple[str, str, str]
+    default_mode: str
+
+
+_OUR_REQUEST_KEYS = _RequestKeys(
+    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "splitscope.ttft_s",
+    ("splitscope.itl_p99_s", "splitscope.itl_max_s", "splitscope.itl_mean_s"), "",
+)  # fmt: skip
+_VLLM_REQUEST_KEYS = _RequestKeys(
+    "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens", "gen_ai.latency.time_to_first_token",
+    ("", "", ""), "colocated",
+)  # fmt: skip
 POOLS = ("colocated", "prefill", "decode")
 
 
@@ -234,44 +256,27 @@ def _take(
             column.append(value)
         workers.setdefault(pool, set()).add(worker)
         return
-    # The request span is the router's SERVER span; its parent, when present, is the client's span.
+    # The request span: the router's SERVER span (its parent, when present, is the client's span), or
+    # vLLM's own `llm_request` span passed through by the sidecar's adapter with our stage spans under it.
+    keys = None
     if name.startswith(ROOT_PREFIX) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
+        keys = _OUR_REQUEST_KEYS
+    elif name == VLLM_REQUEST_SPAN:
+        keys = _VLLM_REQUEST_KEYS
+    if keys is not None:
         attrs = span.attributes
-        model = attrs.get("gen_ai.request.model")
-        if isinstance(model, str):
-            models.add(model)
-        root = (
-            span.start_ns,
-            span.end_ns,
-            int(_number(span, "gen_ai.usage.input_tokens", where)),
-            int(_number(span, "gen_ai.usage.output_tokens", where)),
-            span.status_code == STATUS_ERROR or "error.type" in attrs,
-            _number(span, "splitscope.ttft_s", where, False),
-            _number(span, "splitscope.itl_p99_s", where, False),
-            _number(span, "splitscope.itl_max_s", where, False),
-            _number(span, "splitscope.itl_mean_s", where, False),
-            str(attrs.get("splitscope.mode", "")),
-        )
-        _request(requests, span).root = root
-        return
-    if name == VLLM_REQUEST_SPAN:
-        # vLLM's own request span (passed through by the sidecar's vLLM adapter, our stage spans under it):
-        # older token-count names, TTFT from its latency attributes, no inter-token statistics.
-        attrs = span.attributes
-        model = attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model")
+        model = attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
         if isinstance(model, str):
             models.add(model)
         _request(requests, span).root = (
             span.start_ns,
             span.end_ns,
-            int(_number(span, "gen_ai.usage.prompt_tokens", where)),
-            int(_number(span, "gen_ai.usage.completion_tokens", where)),
+            int(_number(span, keys.input_tokens, where)),
+            int(_number(span, keys.output_tokens, where)),
             span.status_code == STATUS_ERROR or "error.type" in attrs,
-            _number(span, "gen_ai.latency.time_to_first_token", where, False),
-            None,
-            None,
-            None,
-            str(attrs.get("splitscope.mode", "colocated")),
+            _number(span, keys.ttft_s, where, False),
+            *(_number(span, key, where, False) if key else _NAN for key in keys.itl_p99_max_mean_s),
+            str(attrs.get("splitscope.mode", keys.default_mode)),
         )
         return
     if not name.startswith("splitscope."):
