@@ -15,6 +15,7 @@ Everything lands under `runs/<timestamp>/`. Progress is shown throughout; about 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +143,8 @@ def demo_command(preset: str, out_dir: Path, duration_s: float, slo_ttft: float,
     """Serve colocated, then 1 prefill + 1 decode, under one bursty workload; trace, report, compare."""
     if duration_s <= 0:
         raise click.UsageError("--duration must be positive")
-    console = Console(stderr=False)
+    # Piped or logged output gets a width the side-by-side table fits in (rich assumes 80 columns there).
+    console = Console(width=None if sys.stdout.isatty() else 120)
     started = time.monotonic()
     run_dir = out_dir / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
