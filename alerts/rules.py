@@ -203,6 +203,18 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
     fast, slow = _number(s.fast_burn_factor * budget), _number(s.slow_burn_factor * budget)
     ttft_miss = "model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate"
     itl_miss = "pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate"
+
+    def burn(miss_ratio: str) -> str:
+        """Multiwindow burn: fast (1h and 5m) or slow (6h and 30m) windows both over their factor."""
+        return f"""
+            (
+              ({miss_ratio}1h > {fast}) and ({miss_ratio}5m > {fast})
+            )
+            or
+            (
+              ({miss_ratio}6h > {slow}) and ({miss_ratio}30m > {slow})
+            )
+            """
     busy = "pool:splitscope_worker_busy:ratio5m"
     workers = "pool:splitscope_pool_workers:max"
     # Busy workers per pool (busy ratio x workers) of prefill over decode: the split that would leave both
@@ -311,15 +323,7 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
         ),
         _alert(
             s, "TTFTSLOBurn",
-            f"""
-            (
-              ({ttft_miss}1h > {fast}) and ({ttft_miss}5m > {fast})
-            )
-            or
-            (
-              ({ttft_miss}6h > {slow}) and ({ttft_miss}30m > {slow})
-            )
-            """,
+            burn(ttft_miss),
             s.slo_burn_for, "critical",
             "Time-to-first-token SLO burning for {{ $labels.gen_ai_request_model }} ({{ $labels.mode }})",
             f"""{{{{ $value | humanizePercentage }}}} of requests took longer than {ttft_slo} to the first
@@ -329,15 +333,7 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
         ),
         _alert(
             s, "ITLSLOBurn",
-            f"""
-            (
-              ({itl_miss}1h > {fast}) and ({itl_miss}5m > {fast})
-            )
-            or
-            (
-              ({itl_miss}6h > {slow}) and ({itl_miss}30m > {slow})
-            )
-            """,
+            burn(itl_miss),
             s.slo_burn_for, "critical",
             "Inter-token latency SLO burning in pool {{ $labels.pool }}",
             f"""{{{{ $value | humanizePercentage }}}} of token gaps in pool {{{{ $labels.pool }}}} were longer

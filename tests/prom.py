@@ -231,3 +231,17 @@ def running_prometheus(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(timeout=_STOP_TIMEOUT_S)
+
+
+@contextmanager
+def serving_registry(registry: Any, port: int) -> Iterator[str]:
+    """Serve `registry` on 127.0.0.1:`port` (/metrics) for a live Prometheus; yields the scrape target."""
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)

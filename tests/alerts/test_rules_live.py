@@ -8,11 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
 from alerts.rules import render_rules_yaml
-from tests.prom import running_prometheus
+from tests.prom import running_prometheus, serving_registry
 
 PREFILL_STEPS_PER_S, PREFILL_STEP_S = 10.0, 0.2
 DECODE_STEPS_PER_S, DECODE_STEP_S = 20.0, 0.05
@@ -47,13 +47,8 @@ class InterferingPool:
 def interfering_exposition(port: int) -> Iterator[str]:
     registry = CollectorRegistry()
     registry.register(InterferingPool())
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_registry(registry, port) as target:
+        yield target
 
 
 def _firing(alerts: list[dict]) -> list[dict]:

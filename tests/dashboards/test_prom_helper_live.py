@@ -4,11 +4,11 @@ every rule through the real Prometheus engine (a query it rejects fails the test
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from alerts.rules import RULES_PATH
 from dashboards.catalogue import dashboard_queries, grafana_to_promql, rule_queries
-from tests.prom import PrometheusError, running_prometheus
+from tests.prom import PrometheusError, running_prometheus, serving_registry
 from tracer.metrics import Catalogue
 
 
@@ -18,13 +18,8 @@ def catalogue_exposition(port: int):
     catalogue = Catalogue(registry)
     catalogue.pool_workers.labels(pool="colocated").set(2)
     catalogue.step_duration.labels(pool="colocated", prefill_in_step="true").observe(0.2)
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving_registry(registry, port) as target:
+        yield target
 
 
 def test_helper_scrapes_and_prometheus_accepts_every_dashboard_and_rule_query(catalogue_exposition: str) -> None:

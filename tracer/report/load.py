@@ -242,7 +242,7 @@ def _take(
 ) -> None:
     name = span.name
     if name == "splitscope.step":
-        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+        pool, worker = _pool_worker(span, where, workers)
         row = (
             span.start_ns,
             (span.end_ns - span.start_ns) / 1e9,
@@ -254,7 +254,6 @@ def _take(
         )
         for column, value in zip(steps, row):
             column.append(value)
-        workers.setdefault(pool, set()).add(worker)
         return
     # The request span: the router's SERVER span (its parent, when present, is the client's span), or
     # vLLM's own `llm_request` span passed through by the sidecar's adapter with our stage spans under it.
@@ -284,8 +283,7 @@ def _take(
     if name == "splitscope.queue":
         _request(requests, span).queue = span.duration_s
     elif name == "splitscope.prefill":
-        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
-        workers.setdefault(pool, set()).add(worker)
+        _, worker = _pool_worker(span, where, workers)
         _request(requests, span).prefill = (
             span.start_ns,
             span.end_ns,
@@ -298,8 +296,7 @@ def _take(
     elif name == "splitscope.kv_transfer.send":
         _request(requests, span).send = span.duration_s
     elif name == "splitscope.decode":
-        pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
-        workers.setdefault(pool, set()).add(worker)
+        _, worker = _pool_worker(span, where, workers)
         _request(requests, span).decode = (
             span.start_ns,
             span.end_ns,
@@ -308,6 +305,13 @@ def _take(
             _number(span, "splitscope.decode.itl_p99_s", where, False),
             _number(span, "splitscope.decode.itl_max_s", where, False),
         )
+
+
+def _pool_worker(span: Span, where: str, workers: dict[str, set[str]]) -> tuple[str, str]:
+    """The span's (pool, worker), recorded as part of the observed layout."""
+    pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+    workers.setdefault(pool, set()).add(worker)
+    return pool, worker
 
 
 def _request(requests: dict[str, _Request], span: Span) -> _Request:
