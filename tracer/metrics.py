@@ -14,10 +14,10 @@ boundaries so burn-rate rules can count "good" requests exactly:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import threading
+from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -68,7 +68,8 @@ class Catalogue:
         self.inter_token_latency = BulkHistogram(
             "splitscope_inter_token_latency_seconds", "Gap between consecutive output tokens of a request",
             ["pool"], buckets=TOKEN_BUCKETS_S, registry=r)
-        self.step_duration = Histogram(
+        # Fed a batch at a time (one value per engine step, no exemplar: a step serves many requests).
+        self.step_duration = BulkHistogram(
             "splitscope_step_duration_seconds",
             "Engine iteration time, split by whether prefill tokens shared the step (interference)",
             ["pool", "prefill_in_step"], buckets=LATENCY_BUCKETS_S, registry=r)
@@ -141,8 +142,8 @@ class WorkerMetrics:
 
     stage: dict
     inter_token_latency: BulkHistogramChild
-    step_with_prefill: Histogram
-    step_without_prefill: Histogram
+    step_with_prefill: BulkHistogramChild
+    step_without_prefill: BulkHistogramChild
     prefill_tokens: Counter
     decode_tokens: Counter
     requests_waiting: Gauge
@@ -158,12 +159,16 @@ class BulkHistogramChild:
 
     def __init__(self, bounds: np.ndarray) -> None:
         self._bounds = bounds
+        self._bound_list = bounds.tolist()
         self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound (+Inf only)
         self._sum = 0.0
         self._lock = threading.Lock()
 
     def observe(self, value: float) -> None:
-        self.observe_many((value,))
+        index = bisect_left(self._bound_list, value)  # `le` buckets, as searchsorted(side="left") below
+        with self._lock:
+            self._counts[index] += 1
+            self._sum += value
 
     def observe_many(self, values: Sequence[float]) -> None:
         if not len(values):

@@ -16,6 +16,7 @@ from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue
+from tracer.pipeline import MetricsRecorder
 from tracer.session import otlp_exporter_from_env
 from tracer.traces import iter_spans
 
@@ -272,3 +273,55 @@ def test_failure_counters_exist_at_zero_before_the_first_failure():
     for reason in KV_TRANSFER_FAILURE_REASONS:
         assert f'splitscope_kv_transfer_failures_total{{reason="{reason}"}} 0.0' in text
     assert 'splitscope_tracer_dropped_records_total{reason="ring_full"} 0.0' in text
+
+
+def _metered_spans():
+    """Two workers' steps (with and without prefill), stages with samples, KV transfers, requests."""
+    spans, t = [], 10**18
+    for i in range(40):
+        worker = {s.ATTR_POOL: "colocated", s.ATTR_WORKER: f"w{i % 2}"}
+        spans.append(s.SpanData(s.SPAN_STEP, s.KIND_INTERNAL, 1, 100 + i, 0, t, t + (i % 7 + 1) * MS,
+                                {**worker, s.ATTR_STEP_PREFILL_TOKENS: 512 if i % 3 == 0 else 0}))
+        if i % 4 == 0:
+            trace = 1000 + i
+            spans += [
+                s.SpanData(s.SPAN_PREFILL, s.KIND_INTERNAL, trace, 2, 1, t, t + 30 * MS,
+                           {**worker, s.ATTR_PREFILL_TOKENS: 100 + i, s.ATTR_PREFILL_CACHED_TOKENS: 16}),
+                s.SpanData(s.SPAN_DECODE, s.KIND_INTERNAL, trace, 3, 1, t, t + 90 * MS,
+                           {**worker, s.ATTR_OUTPUT_TOKENS: 5}, samples={"itl_gaps_s": [0.01 * (i % 5 + 1)] * 4}),
+                s.SpanData(s.SPAN_KV_TRANSFER, s.KIND_INTERNAL, trace, 4, 1, t, t + 2 * MS,
+                           {s.ATTR_POOL: "prefill", s.ATTR_WORKER: "p0", s.ATTR_KV_BYTES: 4096},
+                           error_type="checksum" if i % 8 == 0 else ""),
+                s.SpanData("text_completion tiny", s.KIND_SERVER, trace, 1, 0, t, t + 120 * MS,
+                           {s.ATTR_MODEL: "tiny", s.ATTR_MODE: "colocated", s.ATTR_TTFT_S: 0.04, s.ATTR_OUTPUT_TOKENS: 5}),
+            ]  # fmt: skip
+        t += 10 * MS
+    return spans
+
+
+def _exposition_without_timestamps(registry):
+    """Exposition lines without exemplars' and `_created` wall times; values to 9 digits (a batch sums in
+    another order than one span at a time)."""
+    out = []
+    for line in openmetrics_latest(registry).decode().splitlines():
+        line = line.split(" # ")[0]
+        if "_created" in line:
+            continue
+        if not line.startswith("#"):
+            series, value = line.rsplit(" ", 1)
+            line = f"{series} {float(value):.9g}"
+        out.append(line)
+    return out
+
+
+def test_a_batch_is_metered_exactly_as_its_spans_one_by_one():
+    one_by_one, batched = MetricsRecorder(Catalogue(CollectorRegistry())), MetricsRecorder(Catalogue(CollectorRegistry()))
+    spans = _metered_spans()
+    for span in spans:
+        one_by_one.record(span)
+    batched.record_many(spans[:17])
+    batched.record_many(spans[17:])
+    expected = _exposition_without_timestamps(one_by_one.catalogue.registry)
+    assert _exposition_without_timestamps(batched.catalogue.registry) == expected
+    assert any(line.startswith('splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="true"} 14') for line in expected)
+    assert any(line.startswith('splitscope_inter_token_latency_seconds_count{pool="colocated"} 40') for line in expected)

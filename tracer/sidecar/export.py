@@ -99,23 +99,23 @@ class SpanExport:
 
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        record = self.metrics.record
         vllm = self.vllm
         out = []
+        metered = []
         for span in batch.spans:
             if vllm is not None and vllm.matches(span):
                 out.append(span)
                 stages = vllm.stage_spans(span)
                 out.extend(stages)
                 if self.vllm_span_metrics:
-                    for derived in stages:
-                        record(derived)
-                    record(vllm.request_metrics_span(span))
+                    metered.extend(stages)
+                    metered.append(vllm.request_metrics_span(span))
                 continue
             if is_ours(span):
-                record(span)
+                metered.append(span)
             if span.sampled:
                 out.append(span)
+        self.metrics.record_many(metered)
         return out
 
     def _export(self, resource: tuple, spans: list[s.SpanData]) -> int:
