@@ -1,0 +1,42 @@
+"""The engine-facing API: Tracer's recorders and NoopTracer accept the same calls."""
+
+from __future__ import annotations
+
+import inspect
+
+from tracer import TraceContext
+from tracer.api import NoopTracer, Tracer
+from tracer.records import RecordRing
+from tracer.timing import HostClock
+
+
+def _tracer() -> Tracer:
+    return Tracer(HostClock(), RecordRing(64))
+
+
+def test_stage_signatures_match_so_tracing_off_is_a_drop_in():
+    tracer, noop = _tracer(), NoopTracer()
+    for name in ("stage", "stage_wall"):
+        assert list(inspect.signature(getattr(tracer, name)).parameters) == list(
+            inspect.signature(getattr(noop, name)).parameters
+        )
+
+
+def test_span_id_comes_back_whether_passed_by_position_or_keyword():
+    ctx = TraceContext.new_root()
+    for tracer in (_tracer(), NoopTracer()):
+        assert tracer.stage("prefill", ctx, 1, 2, None, 77) == 77
+        assert tracer.stage("prefill", ctx, 1, 2, span_id=78) == 78
+        assert tracer.stage_wall("kv_transfer", ctx, 1, 2, {}, 79, "checksum") == 79
+        assert tracer.stage("queue", ctx, 1, 2) == 0
+
+
+def test_each_record_carries_the_next_sequence_number():
+    tracer = _tracer()
+    ctx = TraceContext.new_root()
+    tracer.stage("queue", ctx, 1, 2)
+    tracer.step(3, 4, 8, 0, 100)
+    tracer.stage_wall("kv_transfer", ctx, 5, 6, error_type="timeout")
+    records = tracer.ring.drain(10)
+    assert [record[-1] for record in records] == [0, 1, 2]
+    assert records[2][7] == "timeout"
