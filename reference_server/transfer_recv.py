@@ -19,20 +19,22 @@ from typing import Any
 
 import torch
 
-from reference_server.transfer_pool import pool_bytes
+from reference_server.transfer_pool import batched, pool_bytes
 from tracer.auth import is_loopback
 from reference_server.transfer_wire import (
+    PAYLOAD_BATCH_BYTES,
     TOKEN_ENV_VAR,
     KVTransferError,
     StreamHeader,
     TransferAborted,
+    bulk_mode,
     error_message,
     io_errors,
     new_checksum,
     parse_clock,
     parse_trailer,
     read_frame,
-    recv_exactly_into,
+    recvmsg_exactly_into,
     reply_message,
     send_frame,
     token_from_env,
@@ -344,11 +346,12 @@ class KVReceiver:
             with io_errors():
                 send_frame(sock, reply_message("ready"))
                 checksum = new_checksum()
-                with closing(self._access.write_runs(dst_block_ids)) as buffers:
-                    for buffer in buffers:
-                        recv_exactly_into(
-                            sock, buffer, should_abort=assembly.is_failed, on_received=checksum.update
-                        )
+                runs = self._access.write_runs(dst_block_ids)
+                with closing(runs), bulk_mode(sock):
+                    for batch in batched(runs, PAYLOAD_BATCH_BYTES, across_runs=self._access.views_outlive_runs):
+                        recvmsg_exactly_into(sock, batch[:], should_abort=assembly.is_failed)
+                        for piece in batch:  # just written by the kernel: still in cache
+                            checksum.update(piece)
                 if assembly.is_failed():  # no use waiting for a trailer of a transfer already lost
                     raise TransferAborted()
                 trailer = read_frame(sock)

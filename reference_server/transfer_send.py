@@ -24,14 +24,15 @@ from typing import Any
 import torch
 
 from reference_server.transfer_clock import ClockEstimate, best_estimate
-from reference_server.transfer_pool import PoolBytes, pool_bytes
+from reference_server.transfer_pool import PoolBytes, batched, pool_bytes
 from reference_server.transfer_wire import (
-    CHECKSUM_CHUNK_BYTES,
+    PAYLOAD_BATCH_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,
     TRACEPARENT_PATTERN,
     KVTransferError,
     StreamHeader,
+    bulk_mode,
     clock_message,
     encode_frame,
     expect_reply,
@@ -40,6 +41,7 @@ from reference_server.transfer_wire import (
     read_frame,
     reply_int,
     send_frame,
+    sendmsg_all,
     token_from_env,
     trailer_message,
     tune_socket,
@@ -402,12 +404,12 @@ class KVSender:
                 sock.sendall(header_frame)
                 expect_reply(read_frame(sock), "ready")
                 checksum = new_checksum()
-                with closing(access.read_runs(src_block_ids)) as runs:
-                    for run in runs:
-                        for begin in range(0, len(run), CHECKSUM_CHUNK_BYTES):
-                            piece = run[begin : begin + CHECKSUM_CHUNK_BYTES]
+                runs = access.read_runs(src_block_ids)
+                with closing(runs), bulk_mode(sock):
+                    for batch in batched(runs, PAYLOAD_BATCH_BYTES, across_runs=access.views_outlive_runs):
+                        sendmsg_all(sock, batch[:])
+                        for piece in batch:  # just copied by the kernel: still in cache
                             checksum.update(piece)
-                            sock.sendall(piece)
                 send_frame(sock, trailer_message(transfer_id, stream, checksum.intdigest()))
                 return expect_reply(read_frame(sock), "done")
         except KVTransferError as error:

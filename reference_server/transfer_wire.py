@@ -96,9 +96,10 @@ def tune_socket(sock: socket.socket, buffer_bytes: int | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)
 
 
-# Sends go out in pieces this size, each checksummed just before the kernel copies it: the checksum pulls
-# the piece into cache and the copy reads it from there, instead of two passes over memory.
-CHECKSUM_CHUNK_BYTES = 256 << 10
+# The payload moves in batches of at most this many bytes: one sendmsg / recvmsg_into each, then the
+# checksum pass over the batch while the kernel's copy has left it in cache (1 MiB = L2 of the machine
+# measured in bench/RESULTS.md; 256 KiB and 4 MiB measured worse there).
+PAYLOAD_BATCH_BYTES = 1 << 20
 
 
 def new_checksum() -> xxhash.xxh3_64:
@@ -162,35 +163,88 @@ def parse_frame_body(body: bytes) -> dict[str, Any]:
     return message
 
 
-def recv_exactly_into(
-    sock: socket.socket,
-    view: memoryview,
-    *,
-    eof_ok: bool = False,
-    should_abort: Callable[[], bool] | None = None,
-    on_received: Callable[[memoryview], object] | None = None,
-) -> bool:
+def recv_exactly_into(sock: socket.socket, view: memoryview, *, eof_ok: bool = False) -> bool:
     """Fill ``view`` from ``sock`` with ``recv_into`` (no intermediate copy); blocking, socket timeout applies.
 
     Returns False only if ``eof_ok`` and the peer closed before the first byte. Raises ConnectionError on
-    EOF mid-buffer; OSError/TimeoutError as the socket raises them. ``should_abort`` is polled between
-    ``recv_into`` calls; when it returns True the read stops with ``TransferAborted``. ``on_received``
-    sees each piece as it lands, while it is still in cache (the checksum reads it there).
+    EOF mid-buffer; OSError/TimeoutError as the socket raises them. For frames; payloads go through
+    ``recvmsg_exactly_into``.
     """
     received = 0
     size = len(view)
     while received < size:
-        if should_abort is not None and should_abort():
-            raise TransferAborted()
         count = sock.recv_into(view[received:])
         if count == 0:
             if received == 0 and eof_ok:
                 return False
             raise ConnectionError(f"peer closed the connection after {received} of {size} bytes")
-        if on_received is not None:
-            on_received(view[received : received + count])
         received += count
     return True
+
+
+@contextmanager
+def bulk_mode(sock: socket.socket) -> Iterator[None]:
+    """The payload phase of a stream: the socket blocking, with the kernel enforcing its timeout.
+
+    With a Python-level timeout every send or receive is a ``poll`` plus a non-blocking call that moves at
+    most one socket buffer, and each retakes the GIL. Blocking calls move a whole batch per call
+    (``sendmsg_all``, ``recvmsg_exactly_into`` with MSG_WAITALL), and SO_SNDTIMEO/SO_RCVTIMEO keep the same
+    timeout: a call that makes no progress for that long raises TimeoutError. The Python-level timeout is
+    restored on exit.
+    """
+    timeout_s = sock.gettimeout()
+    if timeout_s is not None:
+        seconds = int(timeout_s)
+        timeval = struct.pack("@ll", seconds, int((timeout_s - seconds) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    sock.settimeout(None)
+    try:
+        yield
+    except BlockingIOError as exc:  # EAGAIN from a blocking call: the kernel timeout expired
+        raise TimeoutError(f"no progress within {timeout_s} s") from exc
+    finally:
+        try:
+            sock.settimeout(timeout_s)
+        except OSError:
+            pass  # closed meanwhile (a failed transfer); nothing to restore
+
+
+def sendmsg_all(sock: socket.socket, views: list[memoryview]) -> None:
+    """Send every byte of ``views`` in order, gathering them into as few ``sendmsg`` calls as the socket
+    allows (one, on a blocking socket). ``views`` is consumed."""
+    while views:
+        sent = sock.sendmsg(views)
+        _advance(views, sent)
+
+
+def recvmsg_exactly_into(
+    sock: socket.socket, views: list[memoryview], *, should_abort: Callable[[], bool] | None = None
+) -> None:
+    """Fill every view of ``views`` in order with ``recvmsg_into`` and MSG_WAITALL (one call on a blocking
+    socket, see ``bulk_mode``). ConnectionError on EOF; ``should_abort`` is polled between calls and
+    raises TransferAborted. ``views`` is consumed."""
+    total = sum(len(view) for view in views)
+    received = 0
+    while views:
+        if should_abort is not None and should_abort():
+            raise TransferAborted()
+        count = sock.recvmsg_into(views, 0, socket.MSG_WAITALL)[0]
+        if count == 0:
+            raise ConnectionError(f"peer closed the connection after {received} of {total} bytes")
+        received += count
+        _advance(views, count)
+
+
+def _advance(views: list[memoryview], count: int) -> None:
+    """Drop the first ``count`` bytes of ``views`` (whole views, then the front of a partial one)."""
+    done = 0
+    while done < len(views) and count >= len(views[done]):
+        count -= len(views[done])
+        done += 1
+    del views[:done]
+    if count:
+        views[0] = views[0][count:]
 
 
 class TransferAborted(Exception):

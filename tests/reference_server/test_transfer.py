@@ -25,7 +25,7 @@ from reference_server.transfer import (
     ReceiveInfo,
 )
 from reference_server.transfer_clock import best_estimate, offset_and_delay_ns
-from reference_server.transfer_pool import consecutive_runs, layout_of
+from reference_server.transfer_pool import batched, consecutive_runs, layout_of
 from reference_server.transfer_wire import (
     MAGIC,
     MAX_HEADER_BYTES,
@@ -35,6 +35,9 @@ from reference_server.transfer_wire import (
     new_checksum,
     parse_frame_body,
     read_frame,
+    recvmsg_exactly_into,
+    reply_message,
+    sendmsg_all,
     trailer_message,
 )
 
@@ -369,6 +372,56 @@ def test_sender_that_stops_mid_stream_gets_blocks_freed(receivers) -> None:
         sock.sendall(b"\x01" * (header["block_bytes"] + 100))  # one block and a bit, then hang up
     assert side.outcomes.wait_failed("raw-req") == "connection"
     assert side.allocator.wait_all_free()
+
+
+def test_sender_that_stalls_mid_payload_times_out_on_the_receivers_io_timeout(receivers) -> None:
+    # The payload is read by blocking calls whose timeout the kernel enforces (SO_RCVTIMEO): a peer that
+    # goes quiet with the connection open must still fail the transfer as a timeout, within io_timeout_s.
+    side = receivers(make_pool(fill=0.0), io_timeout_s=0.3, transfer_timeout_s=60.0)
+    header = valid_header(n_blocks=2, n_streams=1, stream=0, positions=(0, 1))
+    with socket.create_connection(side.address, timeout=WAIT_S) as sock:
+        sock.sendall(encode_frame(header))
+        assert read_frame(sock)["type"] == "ready"
+        sock.sendall(b"\x01" * (header["block_bytes"] // 2))  # half a block, then silence
+        assert side.outcomes.wait_failed("raw-req") == "timeout"
+        reply = read_frame(sock)
+    assert reply["type"] == "error" and reply["reason"] == "timeout"
+    assert side.allocator.wait_all_free()
+
+
+def test_a_receiver_that_stops_reading_times_out_the_sender(senders) -> None:
+    # The sender's payload writes are blocking with SO_SNDTIMEO: a receiver that answers the header and
+    # then never reads fails the send as a timeout once the (small, fixed) socket buffers are full.
+    buffer_bytes = 64 << 10
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, buffer_bytes)  # inherited by the accepted one
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    accepted: list[socket.socket] = []
+
+    def answer_then_stall() -> None:
+        conn, _ = listener.accept()
+        accepted.append(conn)
+        while True:
+            message = read_frame(conn)
+            if message["type"] == "clock":
+                conn.sendall(encode_frame(reply_message("clock_reply", t1=time.time_ns(), t2=time.time_ns())))
+            else:
+                conn.sendall(encode_frame(reply_message("ready")))
+                return  # and never read the payload
+
+    threading.Thread(target=answer_then_stall, daemon=True).start()
+    sender = senders(streams=1, io_timeout_s=0.3, clock_samples=1, socket_buffer_bytes=buffer_bytes)
+    src_pool = make_pool(block_tokens=256)  # 4 MiB
+    assert src_pool.numel() * src_pool.element_size() > 8 * buffer_bytes  # far more than both buffers hold
+    try:
+        with pytest.raises(KVTransferError) as caught:
+            sender.send("stalled", src_pool, list(range(POOL_BLOCKS)), listener.getsockname()[:2])
+    finally:
+        for conn in accepted:
+            conn.close()
+        listener.close()
+    assert caught.value.reason == "timeout"
 
 
 def test_bad_later_stream_fails_transfer_and_frees_blocks_once_writer_stops(receivers) -> None:
@@ -737,3 +790,73 @@ def test_round_trip_between_cuda_pools(receivers, senders) -> None:
     senders(streams=2).send("cuda", src_pool, src_ids, side.address)
     dst_ids, _, _ = side.outcomes.wait_completed("cuda")
     assert all(same_bits(side.pool[d], src_pool[s]) for s, d in zip(src_ids, dst_ids))
+
+
+# -------------------------------------------------------------------------- payload batching helpers
+
+
+def test_batches_keep_every_byte_in_order_and_stay_under_the_bound() -> None:
+    data = bytes(random.Random(3).randrange(256) for _ in range(19_000))
+    runs = [memoryview(data)[a:b] for a, b in ((0, 3_000), (3_000, 8_000), (8_000, 19_000))]
+    batches = list(batched(iter(runs), 4_096, across_runs=True))
+    assert b"".join(bytes(piece) for batch in batches for piece in batch) == data
+    assert all(sum(len(piece) for piece in batch) <= 4_096 for batch in batches)
+    assert [sum(len(piece) for piece in batch) for batch in batches] == [4_096] * 4 + [2_616]  # runs gathered
+
+
+def test_staged_batches_never_span_runs_and_take_the_next_run_only_when_done() -> None:
+    consumed: list[str] = []
+
+    def staged_runs() -> Iterator[memoryview]:
+        for name, size in (("a", 3_000), ("b", 9_000)):
+            consumed.append(f"give {name}")
+            yield memoryview(bytearray(size))
+            consumed.append(f"resume after {name}")  # where a staged pool copies the buffer out
+
+    sizes = []
+    for batch in batched(staged_runs(), 4_096, across_runs=False):
+        sizes.append([len(piece) for piece in batch])
+        consumed.append("used")
+    assert sizes == [[3_000], [4_096], [4_096], [808]]
+    assert consumed == ["give a", "used", "resume after a", "give b", "used", "used", "used", "resume after b"]
+
+
+class _TrickleSocket:
+    """sendmsg that takes at most `limit` bytes per call, like a socket interrupted mid-batch."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.sent = bytearray()
+
+    def sendmsg(self, views: list[memoryview]) -> int:
+        taken = bytes(b"".join(bytes(view) for view in views))[: self.limit]
+        self.sent += taken
+        return len(taken)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.binary(min_size=1, max_size=40), min_size=1, max_size=6), st.integers(1, 50))
+def test_sendmsg_all_resumes_partial_sends_exactly(pieces: list[bytes], limit: int) -> None:
+    sock = _TrickleSocket(limit)
+    sendmsg_all(sock, [memoryview(piece) for piece in pieces])  # type: ignore[arg-type]
+    assert bytes(sock.sent) == b"".join(pieces)
+
+
+def test_recvmsg_exactly_into_fills_scattered_views_from_a_trickling_peer() -> None:
+    left, right = socket.socketpair()
+    payload = bytes(range(256)) * 40
+    targets = [bytearray(1_000), bytearray(7_000), bytearray(2_240)]
+
+    def trickle() -> None:
+        for begin in range(0, len(payload), 777):
+            left.sendall(payload[begin : begin + 777])
+
+    sender = threading.Thread(target=trickle)
+    sender.start()
+    try:
+        recvmsg_exactly_into(right, [memoryview(target) for target in targets])
+    finally:
+        sender.join(WAIT_S)
+        left.close()
+        right.close()
+    assert b"".join(targets) == payload
