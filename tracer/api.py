@@ -3,7 +3,7 @@
     tracer = start_tracing(pool="colocated", worker="w0", traces_file="traces.jsonl").tracer
     t0 = tracer.mark()
     ...                                             # the stage's work
-    tracer.stage("prefill", ctx, t0, tracer.mark(), **{ATTR_PREFILL_TOKENS: 2000})
+    tracer.stage("prefill", ctx, t0, tracer.mark(), {ATTR_PREFILL_TOKENS: 2000})
 
 Every method runs on the calling (engine) thread, never blocks and never synchronises a device: it
 builds one record tuple and pushes it into a bounded ring. `NoopTracer` has the same methods and does
