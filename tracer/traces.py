@@ -216,17 +216,25 @@ class ReadStats:
 
 
 def iter_spans(
-    paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = False, stats: ReadStats | None = None
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    skip_bad: bool = False,
+    stats: ReadStats | None = None,
+    growing: bool = False,
 ) -> Iterator[Span]:
     """Every span of every line of the given OTLP/JSON files, in file order.
 
     A bad line (truncated, not JSON, missing fields) raises TraceFileError with its line number, or with
     `skip_bad` is skipped and counted in `stats`. Blank lines are ignored (collectors end files with one).
+    `growing`: the files are still being appended to (a running server), so a last line without its newline
+    is a write in progress; it is left for the next read instead of being reported as truncated.
     """
     stats = stats if stats is not None else ReadStats()
     for path in paths:
         with open(path, "rb") as handle:
             for line_number, line in enumerate(handle, start=1):
+                if growing and not line.endswith(b"\n"):
+                    break  # only the last line can lack its newline: another process is writing it
                 if not line.strip():
                     continue
                 stats.lines += 1

@@ -116,7 +116,7 @@ class Server:
         return http("POST", self.url + "/v1/completions", {"model": "tiny", **body}, **kwargs)
 
     def spans(self) -> list[Span]:
-        return list(iter_spans([self.traces_file])) if self.traces_file.exists() else []
+        return list(iter_spans([self.traces_file], growing=True)) if self.traces_file.exists() else []
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
         if self.process.poll() is None:

@@ -110,3 +110,14 @@ def test_bad_line_names_its_line_number_or_is_skipped(tmp_path, bad_line, reason
     stats = ReadStats()
     assert len(list(iter_spans([path], skip_bad=True, stats=stats))) == 4
     assert stats.skipped_lines == 1 and stats.first_error.line_number == 2
+
+
+def test_a_growing_file_leaves_the_line_being_written_for_the_next_read(tmp_path):
+    good = encode_line(_finished_spans())
+    path = tmp_path / "live.jsonl"
+    path.write_bytes(good + good[: len(good) // 2])  # a writer is halfway through its second line
+    with pytest.raises(TraceFileError):  # read as a finished file, the torn line is an error
+        list(iter_spans([path]))
+    assert len(list(iter_spans([path], growing=True))) == 2
+    path.write_bytes(good + good)  # the writer finished
+    assert len(list(iter_spans([path], growing=True))) == 4
