@@ -231,13 +231,24 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
     ttft_slo = f"{_number(s.ttft_slo_s)} s"
     itl_slo = f"{_number(s.itl_slo_s * 1000)} ms"
 
-    def saturated(pool: str, other: str) -> str:
-        return "\n".join((
+    def pool_saturated(pool: str, other: str, bound: str) -> dict[str, Any]:
+        """`pool` saturated while `other` has headroom: move GPUs from `other` to `pool` until P:D is at
+        least (prefill saturated) or at most (decode saturated) the busy-workers ratio."""
+        expr = "\n".join((
             busy_p_over_d,
             f'and ignoring (pool) ({busy}{{pool="{pool}"}} > {_number(s.saturated_busy_ratio)})',
             f'and ignoring (pool) ({waiting}{{pool="{pool}"}} > {_number(s.saturated_waiting_per_worker)})',
             f'and ignoring (pool) ({busy}{{pool="{other}"}} < {_number(s.headroom_busy_ratio)})',
         ))
+        return _alert(
+            s, f"{pool.capitalize()}PoolSaturated", expr,
+            s.pool_saturated_for, "warning",
+            f"{pool.capitalize()} pool saturated while {other} has headroom; suggest P:D ≈ {value_2f}",
+            f"""The {pool} pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
+            {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the {other} pool is
+            under {_number(s.headroom_busy_ratio * 100)}% busy. Busy prefill workers over busy decode
+            workers is {value_2f}: move GPUs from {other} to {pool} until P:D is {bound} that.""",
+        )  # fmt: skip
 
     return [
         _alert(
@@ -303,24 +314,8 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
             (threshold {_number(s.kv_transfer_ttft_share * 100)}%). The link between the pools, not the
             GPUs, sets TTFT.""",
         ),
-        _alert(
-            s, "PrefillPoolSaturated", saturated("prefill", "decode"),
-            s.pool_saturated_for, "warning",
-            f"Prefill pool saturated while decode has headroom; suggest P:D ≈ {value_2f}",
-            f"""The prefill pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
-            {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the decode pool is
-            under {_number(s.headroom_busy_ratio * 100)}% busy. Busy prefill workers over busy decode
-            workers is {value_2f}: move GPUs from decode to prefill until P:D is at least that.""",
-        ),
-        _alert(
-            s, "DecodePoolSaturated", saturated("decode", "prefill"),
-            s.pool_saturated_for, "warning",
-            f"Decode pool saturated while prefill has headroom; suggest P:D ≈ {value_2f}",
-            f"""The decode pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
-            {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the prefill pool is
-            under {_number(s.headroom_busy_ratio * 100)}% busy. Busy prefill workers over busy decode
-            workers is {value_2f}: move GPUs from prefill to decode until P:D is at most that.""",
-        ),
+        pool_saturated("prefill", "decode", "at least"),
+        pool_saturated("decode", "prefill", "at most"),
         _alert(
             s, "TTFTSLOBurn",
             burn(ttft_miss),
