@@ -7,6 +7,8 @@ Both classes hand out buffers run by run (a run is cut at ``max_run_bytes``):
 - ``read_runs(ids)`` yields read-only-use buffers holding the blocks' bytes, in ``ids`` order;
 - ``write_runs(ids)`` yields buffers to fill, in ``ids`` order; a filled buffer's bytes are in the pool
   once the generator is resumed, all of them once it is exhausted. Closing it early writes nothing more.
+- ``read_batches(ids, batch_bytes)`` / ``write_batches(ids, batch_bytes)``: the same bytes as lists of
+  views of at most ``batch_bytes`` in all, one ``sendmsg`` / ``recvmsg_into`` each (see ``batched``).
 
 Called on transfer threads, never on an engine's hot loop. Blocking.
 """
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Generator, Iterator, Sequence
+from contextlib import closing, contextmanager
 from typing import Union
 
 import torch
@@ -57,14 +59,22 @@ def consecutive_runs(block_ids: Sequence[int], max_run_blocks: int) -> list[tupl
     return runs
 
 
-def batched(runs: Iterator[memoryview], batch_bytes: int, *, across_runs: bool) -> Iterator[list[memoryview]]:
+def batched(
+    runs: Generator[memoryview, None, None], batch_bytes: int, *, across_runs: bool
+) -> Generator[list[memoryview], None, None]:
     """The bytes of ``runs`` as lists of views of at most ``batch_bytes`` in all, for one ``sendmsg`` /
     ``recvmsg_into`` each (fewer calls, fewer wake-ups) and a checksum pass while the batch is in cache.
 
     ``across_runs`` lets a batch gather several runs; only for views that stay valid after the next run
     is taken (a host pool). Staged access (CUDA) reuses its buffer per run, so its batches never span runs
-    and the next run is taken only after the last batch of this one was consumed.
+    and the next run is taken only after the last batch of this one was consumed. Closing this generator
+    closes ``runs`` (a staged pool then returns its buffer).
     """
+    with closing(runs):
+        yield from _batches(runs, batch_bytes, across_runs)
+
+
+def _batches(runs: Iterator[memoryview], batch_bytes: int, across_runs: bool) -> Iterator[list[memoryview]]:
     batch: list[memoryview] = []
     size = 0
     for run in runs:
@@ -87,8 +97,6 @@ def batched(runs: Iterator[memoryview], batch_bytes: int, *, across_runs: bool) 
 class HostPoolBytes:
     """Zero-copy byte views of a CPU pool: sends read the pool's memory, receives ``recv_into`` it."""
 
-    views_outlive_runs = True  # see batched()
-
     def __init__(self, pool: torch.Tensor, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
         self.layout = layout_of(pool)
         if pool.device.type != "cpu":
@@ -110,6 +118,12 @@ class HostPoolBytes:
         for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):
             yield self._view(first_block, count)
 
+    def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.read_runs(block_ids), batch_bytes, across_runs=True)  # views of the pool itself
+
+    def write_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.write_runs(block_ids), batch_bytes, across_runs=True)
+
 
 class CudaStagedPoolBytes:
     """A CUDA pool staged through pinned host buffers, one per concurrent user (a stream of a transfer).
@@ -120,8 +134,6 @@ class CudaStagedPoolBytes:
     so the engine's streams never block. Callers guarantee that whatever wrote the source blocks has
     finished (in the worker, the prefill's sampled token reached the host, which waited for the forward).
     """
-
-    views_outlive_runs = False  # the staging buffer is refilled per run: see batched()
 
     def __init__(self, pool: torch.Tensor, max_run_bytes: int = DEFAULT_CUDA_RUN_BYTES, max_stagings: int = 8) -> None:
         self.layout = layout_of(pool)
@@ -169,6 +181,13 @@ class CudaStagedPoolBytes:
                     self._blocks[first_block : first_block + count].copy_(buffer[:count], non_blocking=True)
                 # The staging buffer is refilled by the next run: wait until the device has read it.
                 copy_stream.synchronize()
+
+    # One staging buffer per generator, refilled per run: batches never span runs.
+    def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.read_runs(block_ids), batch_bytes, across_runs=False)
+
+    def write_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.write_runs(block_ids), batch_bytes, across_runs=False)
 
 
 PoolBytes = Union["HostPoolBytes", "CudaStagedPoolBytes"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from reference_server.transfer_pool import batched, pool_bytes
+from reference_server.transfer_pool import pool_bytes
 from tracer.auth import is_loopback
 from reference_server.transfer_wire import (
     PAYLOAD_BATCH_BYTES,
@@ -346,9 +346,9 @@ class KVReceiver:
             with io_errors():
                 send_frame(sock, reply_message("ready"))
                 checksum = new_checksum()
-                runs = self._access.write_runs(dst_block_ids)
-                with closing(runs), bulk_mode(sock):
-                    for batch in batched(runs, PAYLOAD_BATCH_BYTES, across_runs=self._access.views_outlive_runs):
+                batches = self._access.write_batches(dst_block_ids, PAYLOAD_BATCH_BYTES)
+                with closing(batches), bulk_mode(sock):
+                    for batch in batches:
                         recvmsg_exactly_into(sock, batch[:], should_abort=assembly.is_failed)
                         for piece in batch:  # just written by the kernel: still in cache
                             checksum.update(piece)

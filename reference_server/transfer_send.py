@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from reference_server.transfer_clock import ClockEstimate, best_estimate
-from reference_server.transfer_pool import PoolBytes, batched, pool_bytes
+from reference_server.transfer_pool import PoolBytes, pool_bytes
 from reference_server.transfer_wire import (
     PAYLOAD_BATCH_BYTES,
     MAX_REQUEST_ID_CHARS,
@@ -404,9 +404,9 @@ class KVSender:
                 sock.sendall(header_frame)
                 expect_reply(read_frame(sock), "ready")
                 checksum = new_checksum()
-                runs = access.read_runs(src_block_ids)
-                with closing(runs), bulk_mode(sock):
-                    for batch in batched(runs, PAYLOAD_BATCH_BYTES, across_runs=access.views_outlive_runs):
+                batches = access.read_batches(src_block_ids, PAYLOAD_BATCH_BYTES)
+                with closing(batches), bulk_mode(sock):
+                    for batch in batches:
                         sendmsg_all(sock, batch[:])
                         for piece in batch:  # just copied by the kernel: still in cache
                             checksum.update(piece)

@@ -798,7 +798,7 @@ def test_round_trip_between_cuda_pools(receivers, senders) -> None:
 def test_batches_keep_every_byte_in_order_and_stay_under_the_bound() -> None:
     data = bytes(random.Random(3).randrange(256) for _ in range(19_000))
     runs = [memoryview(data)[a:b] for a, b in ((0, 3_000), (3_000, 8_000), (8_000, 19_000))]
-    batches = list(batched(iter(runs), 4_096, across_runs=True))
+    batches = list(batched((run for run in runs), 4_096, across_runs=True))
     assert b"".join(bytes(piece) for batch in batches for piece in batch) == data
     assert all(sum(len(piece) for piece in batch) <= 4_096 for batch in batches)
     assert [sum(len(piece) for piece in batch) for batch in batches] == [4_096] * 4 + [2_616]  # runs gathered
@@ -860,3 +860,19 @@ def test_recvmsg_exactly_into_fills_scattered_views_from_a_trickling_peer() -> N
         left.close()
         right.close()
     assert b"".join(targets) == payload
+
+
+def test_closing_the_batches_early_closes_the_runs_behind_them() -> None:
+    released: list[bool] = []
+
+    def staged_runs() -> Iterator[memoryview]:
+        try:
+            while True:
+                yield memoryview(bytearray(8_192))
+        finally:
+            released.append(True)  # where a staged pool returns its pinned buffer
+
+    batches = batched(staged_runs(), 4_096, across_runs=False)
+    next(batches)
+    batches.close()
+    assert released == [True]
