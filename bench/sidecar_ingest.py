@@ -77,17 +77,22 @@ def dropped(sidecar: Sidecar) -> float:
     )
 
 
-UNIX_CLIENT = textwrap.dedent("""
-    import socket, sys
-    from tracer.sidecar import wire
-    path, frames_file = sys.argv[1], sys.argv[2]
-    data = open(frames_file, "rb").read()
+# Both clients: connect to the sidecar at `path`, handshake, say "go", then wait for the start line.
+_CONNECT = """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
     sock.sendall(wire.encode_handshake("", {"service.name": "bench-worker"}))
     assert wire.decode_answer(sock.recv(1024)) is None
     sys.stdout.write("go\\n"); sys.stdout.flush()
     sys.stdin.readline()
+"""
+
+UNIX_CLIENT = textwrap.dedent("""
+    import socket, sys
+    from tracer.sidecar import wire
+    path, frames_file = sys.argv[1], sys.argv[2]
+    data = open(frames_file, "rb").read()
+""" + _CONNECT + """
     sock.sendall(data)
     sock.close()
 """)
@@ -103,12 +108,7 @@ PACED_CLIENT = textwrap.dedent("""
         (length,) = wire.FRAME_HEADER.unpack_from(data, offset)
         frames.append(data[offset : offset + 4 + length])
         offset += 4 + length
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect(path)
-    sock.sendall(wire.encode_handshake("", {"service.name": "bench-worker"}))
-    assert wire.decode_answer(sock.recv(1024)) is None
-    sys.stdout.write("go\\n"); sys.stdout.flush()
-    sys.stdin.readline()
+""" + _CONNECT + """
     start = time.perf_counter()
     for i, frame in enumerate(frames):
         due = start + i * frame_records / rate
