@@ -12,12 +12,19 @@ nothing, so instrumented code costs a method call when tracing is off.
 
 from __future__ import annotations
 
-import os
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from tracer.records import KIND_DECODE, KIND_REQUEST, KIND_STAGE, KIND_STAGE_WALL, KIND_STEP, RecordRing
+from tracer.records import (
+    KIND_DECODE,
+    KIND_REQUEST,
+    KIND_STAGE,
+    KIND_STAGE_WALL,
+    KIND_STEP,
+    RecordRing,
+    call_in_child_after_fork,
+)
 from tracer.spans import TraceContext
 
 
@@ -30,9 +37,9 @@ class Tracer:
     `ctx` is the request's TraceContext: the new span becomes a child of `ctx.span_id` in `ctx.trace_id`.
 
     The recording methods (`stage`, `stage_wall`, `decode`, `step`, `request`; documented in
-    `_recorders`) are closures over the ring's `append` and sequence counter, rebuilt after `fork` when the
-    ring renews its deque. A closure call with positional parameters skips method binding, attribute
-    lookups and keyword-only argument handling: about 25 of the 220 ns a stage cost as a method
+    `_recorders`) are closures over the ring's `append`, rebuilt after `fork` when the ring renews its
+    deque. A closure call with positional parameters skips method binding, attribute lookups and
+    keyword-only argument handling: about 25 of the 220 ns a stage cost as a method
     (bench/tracer_overhead.py).
     """
 
@@ -48,15 +55,14 @@ class Tracer:
         self.ring = ring
         self.mark = clock.mark
         self._bind_ring()
-        os.register_at_fork(after_in_child=self._bind_ring)  # the ring renews its deque in a child
+        call_in_child_after_fork(self._bind_ring)  # the ring renews its deque in a child
 
     def _bind_ring(self) -> None:
-        self.stage, self.stage_wall, self.decode, self.step, self.request = _recorders(self.ring.append, self.ring.seq)
+        self.stage, self.stage_wall, self.decode, self.step, self.request = _recorders(self.ring.append)
 
 
-def _recorders(push: Callable[[tuple], None], seq: Iterator[int]) -> tuple[Callable[..., Any], ...]:
-    """The hot-path functions of one Tracer; each pushes one record tuple whose last field is `next(seq)`."""
-    next_seq = seq.__next__
+def _recorders(push: Callable[[tuple], None]) -> tuple[Callable[..., Any], ...]:
+    """The hot-path functions of one Tracer; each pushes one record tuple."""
 
     def stage(
         stage: str,
@@ -69,7 +75,7 @@ def _recorders(push: Callable[[tuple], None], seq: Iterator[int]) -> tuple[Calla
     ) -> int:
         """Record one stage span. Its span id is `span_id` when given (chosen beforehand because it was
         already propagated to another process as a parent), else assigned off the hot path."""
-        push((KIND_STAGE, stage, ctx, span_id, start, end, attrs, error_type, next_seq()))
+        push((KIND_STAGE, stage, ctx, span_id, start, end, attrs, error_type))
         return span_id
 
     def stage_wall(
@@ -82,7 +88,7 @@ def _recorders(push: Callable[[tuple], None], seq: Iterator[int]) -> tuple[Calla
         error_type: str = "",
     ) -> int:
         """Like `stage`, for times already on the wall clock (measured by another component)."""
-        push((KIND_STAGE_WALL, stage, ctx, span_id, start_wall_ns, end_wall_ns, attrs, error_type, next_seq()))
+        push((KIND_STAGE_WALL, stage, ctx, span_id, start_wall_ns, end_wall_ns, attrs, error_type))
         return span_id
 
     def decode(
@@ -98,12 +104,12 @@ def _recorders(push: Callable[[tuple], None], seq: Iterator[int]) -> tuple[Calla
         is the host `perf_counter_ns` at which token i reached the host; `token_prefill_tokens[i]` the
         prefill tokens in the step that produced it. The arrays are handed over: do not append to them
         afterwards."""
-        push((KIND_DECODE, ctx, start, end, attrs, error_type, token_perf_ns, token_prefill_tokens, next_seq()))
+        push((KIND_DECODE, ctx, start, end, attrs, error_type, token_perf_ns, token_prefill_tokens))
         return 0
 
     def step(start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int) -> None:
         """Record one engine iteration."""
-        push((KIND_STEP, start, end, decode_requests, prefill_tokens, context_tokens, next_seq()))
+        push((KIND_STEP, start, end, decode_requests, prefill_tokens, context_tokens))
 
     def request(
         ctx: TraceContext,
@@ -123,7 +129,7 @@ def _recorders(push: Callable[[tuple], None], seq: Iterator[int]) -> tuple[Calla
         """Record the router's root span (`text_completion {model}`) and the client-facing latencies.
         Once per request, so its keyword-only fields cost nothing that matters."""
         push((KIND_REQUEST, ctx, span_id, start, end, first_token, model, mode, request_id, input_tokens,
-              output_tokens, token_gap_s, error_type, next_seq()))  # fmt: skip
+              output_tokens, token_gap_s, error_type))  # fmt: skip
 
     return stage, stage_wall, decode, step, request
 

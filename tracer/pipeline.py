@@ -421,6 +421,6 @@ class Pipeline:
         deadline = time.monotonic() + timeout_s
         while len(self.ring) and time.monotonic() < deadline:
             self.drain_once()
-        self.ring.settle_all()
         self.drain_once(force_host_timing=True)
+        self.ring.close()
         self.sink.shutdown(max(0.1, deadline - time.monotonic()))

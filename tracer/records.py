@@ -4,18 +4,24 @@ Records hold only ints, floats, short strings, clock marks and (for decode) two 
 times: nothing the engine loop must allocate per token. The pipeline thread turns them into spans and
 metrics (pipeline.py).
 
-`RecordRing` is a drop-oldest ring over `collections.deque(maxlen=...)`: `append` and `popleft` are atomic
-in CPython, so producers (engine threads) and the one consumer (the pipeline thread) need no lock. When
-it is full, the oldest record is dropped and counted.
+`RecordRing` is a drop-oldest ring over `collections.deque`: `append` and `popleft` are atomic in CPython,
+so producers (engine threads) append with no lock and no counter. The oldest records beyond its capacity
+are dropped and counted off the hot path (see `RecordRing`).
 """
 
 from __future__ import annotations
 
-import itertools
+import gc
+import logging
 import os
+import threading
+import weakref
 from array import array
 from collections import deque
+from collections.abc import Callable
 from typing import Any, NamedTuple
+
+log = logging.getLogger(__name__)
 
 STAGE_QUEUE = "queue"
 STAGE_PREFILL = "prefill"
@@ -28,8 +34,8 @@ STAGES = (STAGE_QUEUE, STAGE_PREFILL, STAGE_KV_TRANSFER, STAGE_KV_SEND, STAGE_KV
 
 # The hot path pushes plain tuples (a NamedTuple's constructor costs three times a tuple display);
 # the first field says which record it is, and the pipeline views it through the NamedTuples below.
-# The last field is the ring's sequence number (drop accounting). Trace contexts are kept as the
-# engine's immutable TraceContext objects: reading their fields is the pipeline's job.
+# Trace contexts are kept as the engine's immutable TraceContext objects: reading their fields is the
+# pipeline's job.
 KIND_STAGE = 0
 KIND_STAGE_WALL = 1
 KIND_DECODE = 2
@@ -49,7 +55,6 @@ class StageRecord(NamedTuple):
     end: Any
     attrs: dict[str, Any] | None
     error_type: str
-    seq: int
 
 
 class DecodeRecord(NamedTuple):
@@ -64,7 +69,6 @@ class DecodeRecord(NamedTuple):
     error_type: str
     token_perf_ns: array
     token_prefill_tokens: array | None
-    seq: int
 
 
 class StepRecord(NamedTuple):
@@ -76,7 +80,6 @@ class StepRecord(NamedTuple):
     decode_requests: int
     prefill_tokens: int
     context_tokens: int
-    seq: int
 
 
 class RequestRecord(NamedTuple):
@@ -99,7 +102,6 @@ class RequestRecord(NamedTuple):
     output_tokens: int
     token_gap_s: array | None
     error_type: str
-    seq: int
 
 
 RECORD_TYPES = {
@@ -114,28 +116,37 @@ RECORD_TYPES = {
 class RecordRing:
     """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
 
-    Producers call `append` (the deque's own method: atomic, never blocks) with a record whose last field
-    is `next(ring.seq)`. The consumer counts drops as sequence numbers that never arrived, so the hot path
-    pays for no counter of its own. Two producer threads can append slightly out of sequence order (a
-    thread switch between `next(seq)` and `append`), so a sequence number is declared dropped only one
-    drain later, once every producer has had a whole drain interval to append it. After `fork`, the
-    child starts with an empty ring (the records belong to the parent's exporter).
+    Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
+    no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest
+    records beyond `capacity` and counts each one. The consumer trims on every `drain`; between drains a
+    garbage-collector callback trims too. That callback runs often enough because holding records is
+    what makes CPython collect: every record a producer adds is a new GC-tracked tuple, so while records
+    pile up a young-generation collection starts at least every `gc.get_threshold()[0]` (700) of them,
+    on whichever thread allocated (after the tuple free list, at most 2,000, is used up). So the ring
+    holds at most about `capacity` + 3,000 records even when the consumer is stuck, and every record is
+    either drained or counted in `dropped`.
+
+    Backstop: the deque's own `maxlen` is `capacity` + `slack`, for a process that disabled the collector
+    while its consumer was stuck. Records the deque drops there cannot be counted; `trim` logs that once.
+    After `fork`, the child starts with an empty ring (the records belong to the parent's exporter).
     """
 
-    def __init__(self, capacity: int = 65536) -> None:
+    def __init__(self, capacity: int = 65536, slack: int = 16384) -> None:
         if capacity < 2:
             raise ValueError("ring capacity must be at least 2")
         self.capacity = capacity
+        self.hard_capacity = capacity + max(slack, 4 * gc.get_threshold()[0])
+        self._warned_hard_bound = False
         self._reset()
-        os.register_at_fork(after_in_child=self._reset)
+        call_in_child_after_fork(self._reset)
+        self._gc_callback = _trim_on_collect(weakref.ref(self))
+        gc.callbacks.append(self._gc_callback)
+        weakref.finalize(self, _forget_callback, self._gc_callback)
 
     def _reset(self) -> None:
-        self._items: deque[Any] = deque(maxlen=self.capacity)
+        self._items: deque[Any] = deque(maxlen=self.hard_capacity)
         self.append = self._items.append
-        self.seq = itertools.count()
-        self._accounted_below = 0  # every sequence number below this is either drained or counted dropped
-        self._seen_above: list[int] = []  # drained sequence numbers >= _accounted_below
-        self._settle_below = 0  # one past the highest number of the previous drain
+        self._counting = threading.Lock()  # guards `dropped` only; renewed here in case fork caught it held
         self.dropped = 0
 
     def push(self, record: Any) -> None:
@@ -143,30 +154,79 @@ class RecordRing:
         self.append(record)
 
     def drain(self, max_items: int) -> list[Any]:
-        """Up to `max_items` records, oldest first, and updates `dropped`. Consumer thread only."""
-        items = self._items
-        pop = items.popleft
-        out = [pop() for _ in range(min(max_items, len(items)))]
-        seqs = [record[-1] for record in out]
-        self._settle(self._settle_below, seqs)
-        if seqs:
-            self._settle_below = max(self._settle_below, max(seqs) + 1)
+        """Up to `max_items` records, oldest first, after trimming to capacity. Consumer thread only."""
+        self.trim()
+        pop = self._items.popleft
+        out: list[Any] = []
+        take = out.append
+        try:
+            for _ in range(min(max_items, len(self._items))):
+                take(pop())
+        except IndexError:  # a collection's trim on another thread got there first
+            pass
         return out
 
-    def settle_all(self) -> None:
-        """Count as dropped every number handed out and never drained (at shutdown, producers stopped)."""
-        highest = max([self._settle_below - 1, *self._seen_above], default=-1)
-        self._settle(highest + 1, [])
-
-    def _settle(self, bound: int, new_seqs: list[int]) -> None:
-        seen = self._seen_above
-        seen.extend(new_seqs)
-        if bound <= self._accounted_below:
+    def trim(self) -> None:
+        """Drop the oldest records beyond `capacity` and count each one. Any thread; never waits for the
+        consumer. Two trims at once (the consumer's and a collection's) may together drop a record or two
+        below capacity; each one they drop is still counted once."""
+        items = self._items
+        if len(items) <= self.capacity:
             return
-        arrived = sum(1 for s in seen if s < bound)
-        self.dropped += (bound - self._accounted_below) - arrived
-        self._seen_above = [s for s in seen if s >= bound]
-        self._accounted_below = bound
+        if len(items) == self.hard_capacity and not self._warned_hard_bound:
+            self._warned_hard_bound = True
+            log.warning(
+                "splitscope tracer: the record ring reached its hard bound of %d records; records dropped "
+                "there are not counted (is the garbage collector disabled while the pipeline is stuck?)",
+                self.hard_capacity,
+            )
+        pop = items.popleft
+        popped = 0
+        try:
+            while len(items) > self.capacity:
+                pop()
+                popped += 1
+        except IndexError:  # the other trim or the consumer emptied it meanwhile
+            pass
+        with self._counting:
+            self.dropped += popped
+
+    def close(self) -> None:
+        """Stop trimming from the collector (the session is over); idempotent."""
+        _forget_callback(self._gc_callback)
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+def _trim_on_collect(ring_ref: weakref.ref[RecordRing]) -> Callable[[str, dict[str, int]], None]:
+    """A `gc.callbacks` entry that trims the ring at the start of each collection. It holds the ring
+    weakly, so a ring nobody uses is freed (and its callback removed by its finalizer)."""
+
+    def on_collect(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            ring = ring_ref()
+            if ring is not None:
+                ring.trim()
+
+    return on_collect
+
+
+def _forget_callback(callback: Callable[[str, dict[str, int]], None]) -> None:
+    try:
+        gc.callbacks.remove(callback)
+    except ValueError:
+        pass
+
+
+def call_in_child_after_fork(method: Callable[[], None]) -> None:
+    """Run the bound `method` in every child after `fork`, for as long as its object lives (held weakly:
+    `os.register_at_fork` keeps its callables for the life of the process)."""
+    method_ref = weakref.WeakMethod(method)
+
+    def in_child() -> None:
+        alive = method_ref()
+        if alive is not None:
+            alive()
+
+    os.register_at_fork(after_in_child=in_child)

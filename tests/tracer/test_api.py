@@ -6,7 +6,7 @@ import inspect
 
 from tracer import TraceContext
 from tracer.api import NoopTracer, Tracer
-from tracer.records import RecordRing
+from tracer.records import KIND_STAGE, KIND_STAGE_WALL, KIND_STEP, RECORD_TYPES, RecordRing
 from tracer.timing import HostClock
 
 
@@ -31,12 +31,13 @@ def test_span_id_comes_back_whether_passed_by_position_or_keyword():
         assert tracer.stage("queue", ctx, 1, 2) == 0
 
 
-def test_each_record_carries_the_next_sequence_number():
+def test_each_recorder_pushes_one_record_of_its_kind_with_its_fields():
     tracer = _tracer()
     ctx = TraceContext.new_root()
     tracer.stage("queue", ctx, 1, 2)
     tracer.step(3, 4, 8, 0, 100)
     tracer.stage_wall("kv_transfer", ctx, 5, 6, error_type="timeout")
-    records = tracer.ring.drain(10)
-    assert [record[-1] for record in records] == [0, 1, 2]
-    assert records[2][7] == "timeout"
+    records = [RECORD_TYPES[r[0]]._make(r) for r in tracer.ring.drain(10)]
+    assert [(r.kind, r.start, r.end) for r in records] == [(KIND_STAGE, 1, 2), (KIND_STEP, 3, 4), (KIND_STAGE_WALL, 5, 6)]
+    assert records[1].decode_requests == 8 and records[1].context_tokens == 100
+    assert records[2].stage == "kv_transfer" and records[2].error_type == "timeout" and records[2].ctx is ctx
