@@ -121,13 +121,14 @@ class RecordRing:
     records beyond `capacity` and counts each one. The consumer trims on every `drain`; between drains a
     garbage-collector callback trims too. That callback runs often enough because holding records is
     what makes CPython collect: every record a producer adds is a new GC-tracked tuple, so while records
-    pile up a young-generation collection starts at least every `gc.get_threshold()[0]` (700) of them,
-    on whichever thread allocated (after the tuple free list, at most 2,000, is used up). So the ring
-    holds at most about `capacity` + 3,000 records even when the consumer is stuck, and every record is
-    either drained or counted in `dropped`.
+    pile up a young-generation collection starts at least every `gc.get_threshold()[0]` of them (700 by
+    default), on whichever thread allocated, once the tuple free list (2,000) is used up. So the ring holds
+    at most about `capacity` + threshold + 2,000 records even when the consumer is stuck, and every record
+    is either drained or counted in `dropped`.
 
-    Backstop: the deque's own `maxlen` is `capacity` + `slack`, for a process that disabled the collector
-    while its consumer was stuck. Records the deque drops there cannot be counted; `trim` logs that once.
+    Backstop: the deque's own `maxlen` is `capacity` + max(`slack`, 4 x the threshold when the ring is
+    made), for a process that disables the collector (or raises its threshold later) while its consumer
+    is stuck. Records the deque drops there cannot be counted; `trim` logs that once.
     After `fork`, the child starts with an empty ring (the records belong to the parent's exporter).
     """
 

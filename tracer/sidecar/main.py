@@ -72,11 +72,11 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    tune_gc_for_ingest()
     try:
         sidecar = Sidecar(config).start()
     except (OSError, RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
+    tune_gc_for_ingest()  # only once it runs: a sidecar that failed to start leaves the process as it was
     listening = [f"otlp/http {host}:{sidecar.http_port}" if sidecar.http_port else "",
                  f"otlp/grpc {host}:{sidecar.grpc_port}" if sidecar.grpc_port else "",
                  f"unix {unix_socket}" if unix_socket else "",
