@@ -23,6 +23,11 @@ from tests.conftest import REPO_ROOT, wait_for
 from tests.reference_server.server_harness import Server, http
 
 SIDECAR_START_TIMEOUT_S = 60.0
+# What every outage test holds a server to: throughput with its telemetry backend down, as a fraction of a
+# healthy twin's on the same interleaved workload; and the allocator slack allowed on top of the bytes the
+# outage may legitimately buffer before RSS growth counts as a leak.
+MIN_THROUGHPUT_RATIO = 0.95
+SERVER_RSS_SLACK_BYTES = 48 << 20
 TCP_ESTABLISHED = 0x01
 TCP_LISTEN = 0x0A
 

@@ -20,6 +20,8 @@ import pytest
 
 from tests.conftest import free_port, wait_for
 from tests.faults.fault_harness import (
+    MIN_THROUGHPUT_RATIO,
+    SERVER_RSS_SLACK_BYTES,
     SidecarProcess,
     closed_loop,
     combined_ratio,
@@ -32,10 +34,8 @@ from tests.faults.fault_harness import (
 from tests.prom import PrometheusHandle, running_prometheus
 from tests.reference_server.server_harness import http
 
-MIN_THROUGHPUT_RATIO = 0.95
 QUEUE_CAP_SPANS = 256  # small, so that these outages fill it
 BYTES_PER_QUEUED_SPAN = 2048  # an SDK ReadableSpan with our attributes: ~770 B traced by tracemalloc, rounded up
-RSS_SLACK_BYTES = 48 << 20
 PROMETHEUS_STOP_GRACE_S = 2.0
 
 
@@ -117,7 +117,7 @@ def test_serving_keeps_its_throughput_when_the_otlp_collector_is_dead(deployment
     print(f"throughput with the OTLP collector dead: {ratio:.1%} of healthy ({figures})")
     assert first.errors == second.errors == 0, figures
     assert ratio >= MIN_THROUGHPUT_RATIO, f"with its collector dead a server ran at {ratio:.1%} of the healthy one's throughput ({figures})"
-    bound = QUEUE_CAP_SPANS * BYTES_PER_QUEUED_SPAN + RSS_SLACK_BYTES
+    bound = QUEUE_CAP_SPANS * BYTES_PER_QUEUED_SPAN + SERVER_RSS_SLACK_BYTES
     for d in deployments:
         drops = dropped_records(d.server, "export_queue_full") - drops_before[d.protocol]
         assert drops > 0, f"spans the full {d.protocol} export queue displaced were not counted"

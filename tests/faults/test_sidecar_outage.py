@@ -13,6 +13,8 @@ from pathlib import Path
 
 from tests.conftest import wait_for
 from tests.faults.fault_harness import (
+    MIN_THROUGHPUT_RATIO,
+    SERVER_RSS_SLACK_BYTES,
     SidecarProcess,
     closed_loop,
     combined_ratio,
@@ -23,12 +25,10 @@ from tests.faults.fault_harness import (
 )
 from tracer.sidecar.client import SidecarSink
 
-MIN_THROUGHPUT_RATIO = 0.95
 # The sink holds at most this many encoded spans per process. These outages produce far fewer (the flood
 # test in test_flood_memory.py reaches the cap); growth above the cap plus allocator slack means a leak.
 SINK_CAP_SPANS = SidecarSink.__init__.__kwdefaults__["max_buffered_spans"]
 ENCODED_BYTES_PER_SPAN = 300  # ~250 measured for a step span through wire.encode_frame; rounded up
-RSS_SLACK_BYTES = 48 << 20
 
 
 class Deployment:
@@ -86,7 +86,7 @@ def test_serving_keeps_its_throughput_when_the_sidecar_is_killed(tmp_path):
             # The kill broke the connections of the router and the worker: the spans caught mid-send count.
             drops = dropped_records(d.server, "sidecar_unreachable") - drops_before[id(d)]
             assert drops > 0, "spans lost with the dead sidecar were not counted"
-            bound = SINK_CAP_SPANS * ENCODED_BYTES_PER_SPAN + RSS_SLACK_BYTES
+            bound = SINK_CAP_SPANS * ENCODED_BYTES_PER_SPAN + SERVER_RSS_SLACK_BYTES
             for name, before in rss_before[id(d)].items():
                 growth = server_rss_bytes(d.server)[name] - before
                 assert growth < bound, f"{name} grew {growth / 2**20:.1f} MiB over the outage (bound {bound / 2**20:.0f} MiB)"

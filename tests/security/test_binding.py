@@ -14,11 +14,9 @@ import sys
 import urllib.error
 import urllib.request
 
-import grpc
 import pytest
 from opentelemetry.proto.collector.trace.v1 import (
     trace_service_pb2,
-    trace_service_pb2_grpc,
 )
 
 from reference_server import transfer_wire
@@ -27,14 +25,13 @@ from reference_server.transfer import TOKEN_ENV_VAR
 from reference_server.transfer_wire import read_frame, send_frame
 from reference_server.worker import WorkerOptions
 from tests.conftest import REPO_ROOT
-from tests.reference_server.server_harness import Server, http, wait_for
+from tests.reference_server.server_harness import Server, http
 from tests.security.listeners import descendants, listening
 from tests.security.processes import SidecarProcess, clean_environment, probe_health
+from tests.sidecar.conftest import assert_grpc_export_needs_token, assert_unix_handshake_refused
 from tracer.sidecar import auth
 from tracer.sidecar.auth import TOKEN_ENV
-from tracer.sidecar.client import SidecarSink
 from tracer.sidecar.server import Sidecar, SidecarConfig
-from tracer.spans import SpanData
 
 EXIT_TIMEOUT_S = 120.0  # a worker imports torch before it parses its flags
 
@@ -152,18 +149,8 @@ def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(request, timeout=10)
             assert refused.value.code == 401
-        with grpc.insecure_channel(f"127.0.0.1:{sidecar.grpc_port}") as channel:
-            stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-            with pytest.raises(grpc.RpcError) as refused:
-                stub.Export(empty, timeout=10)
-            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-            stub.Export(empty, metadata=[("authorization", "Bearer s3cret")], timeout=10)
-        sink = SidecarSink(tmp_path / "s.sock", token="", resource={"service.name": "w"})
-        try:
-            sink.emit([SpanData("splitscope.step", 1, 1, 1, 0, 0, 1, {})])
-            wait_for(lambda: "bad token" in sink.last_error, 10, "the Unix handshake refusal")
-        finally:
-            sink.shutdown(0.5)
+        assert_grpc_export_needs_token(sidecar.grpc_port, empty, "s3cret")
+        assert_unix_handshake_refused(tmp_path / "s.sock", "")
     finally:
         sidecar.stop(2.0)
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.conftest import wait_for
+from tracer.sidecar.client import SidecarSink
 from tracer.sidecar.server import Sidecar, SidecarConfig
+from tracer.spans import SpanData
 from tracer.traces import Span, iter_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -33,6 +37,27 @@ def http_get(url: str, headers: dict[str, str] | None = None) -> tuple[int, byte
     request = urllib.request.Request(url, headers=headers or {})
     with urllib.request.urlopen(request, timeout=10) as response:
         return response.status, response.read()
+
+
+def assert_grpc_export_needs_token(port: int, request: trace_service_pb2.ExportTraceServiceRequest, token: str) -> None:
+    """An OTLP/gRPC export without credentials is UNAUTHENTICATED; with `Bearer <token>` it is accepted."""
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Export(request, timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub.Export(request, metadata=[("authorization", f"Bearer {token}")], timeout=10)
+
+
+def assert_unix_handshake_refused(socket_path: Path, token: str) -> None:
+    """A SidecarSink presenting `token` (wrong or empty) is refused at the handshake and stays unconnected."""
+    sink = SidecarSink(socket_path, token=token, resource={"service.name": "w"})
+    try:
+        sink.emit([SpanData("splitscope.step", 1, 1, 1, 0, 0, 1, {})])
+        wait_for(lambda: "bad token" in sink.last_error, 10, "the Unix handshake refusal")
+        assert not sink.connected
+    finally:
+        sink.shutdown(0.5)
 
 
 @pytest.fixture

@@ -12,10 +12,8 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
 
-from tests.sidecar.conftest import http_get, spans_when, wait_for
+from tests.sidecar.conftest import assert_grpc_export_needs_token, assert_unix_handshake_refused, http_get, spans_when
 from tracer.sidecar.auth import TOKEN_ENV
-from tracer.sidecar.client import SidecarSink
-from tracer.spans import SpanData
 
 LIMIT = 64 * 1024
 
@@ -88,20 +86,9 @@ def test_a_token_guards_every_path_when_set(make_sidecar, tmp_path):
     assert _post(sidecar.http_port, _request())[0] == 401
     assert _post(sidecar.http_port, _request(), Authorization="Bearer wrong")[0] == 401
     assert _post(sidecar.http_port, _request(), Authorization="Bearer s3cret")[0] == 200
-    with grpc.insecure_channel(f"127.0.0.1:{sidecar.grpc_port}") as channel:
-        stub = trace_service_pb2_grpc.TraceServiceStub(channel)
-        request = trace_service_pb2.ExportTraceServiceRequest.FromString(_request())
-        with pytest.raises(grpc.RpcError) as error:
-            stub.Export(request, timeout=10)
-        assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        stub.Export(request, metadata=[("authorization", "Bearer s3cret")], timeout=10)
-    sink = SidecarSink(tmp_path / "s.sock", token="wrong", resource={"service.name": "w"})
-    try:
-        sink.emit([SpanData("splitscope.step", 1, 1, 1, 0, 0, 1, {})])
-        wait_for(lambda: "bad token" in sink.last_error, what="the handshake refusal")
-        assert not sink.connected
-    finally:
-        sink.shutdown(0.5)
+    request = trace_service_pb2.ExportTraceServiceRequest.FromString(_request())
+    assert_grpc_export_needs_token(sidecar.grpc_port, request, "s3cret")
+    assert_unix_handshake_refused(tmp_path / "s.sock", "wrong")
 
 
 def test_binding_beyond_loopback_needs_a_token(make_sidecar):
