@@ -23,6 +23,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -200,6 +201,8 @@ class BulkHistogram:
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
         self._bounds = np.asarray(sorted(buckets), dtype=float)
+        # The `le` texts prometheus_client's own Histogram writes, so series match either way.
+        self._le = [floatToGoString(bound) for bound in self._bounds]
         self._children: dict[tuple[str, ...], BulkHistogramChild] = {}
         self._lock = threading.Lock()
         registry.register(self)
@@ -222,17 +225,10 @@ class BulkHistogram:
         for key, child in children:
             counts, total = child.snapshot()
             cumulative = np.cumsum(counts)
-            buckets = [(_le(bound), float(c)) for bound, c in zip(self._bounds, cumulative[:-1])]
+            buckets = [(le, float(c)) for le, c in zip(self._le, cumulative[:-1])]
             buckets.append(("+Inf", float(cumulative[-1])))
             family.add_metric(list(key), buckets, total)
         yield family
-
-
-def _le(bound: float) -> str:
-    # The `le` text prometheus_client's own Histogram writes (floatToGoString), so series match either way.
-    from prometheus_client.utils import floatToGoString
-
-    return floatToGoString(bound)
 
 
 def exemplar(trace_id: int) -> dict[str, str]:
