@@ -8,6 +8,11 @@ every block is its own run. Raw and KV runs alternate. Throughputs are the best 
 processes share the machine; the fastest run is the least disturbed), and the ratio of medians is shown
 beside the ratio of bests.
 
+Each row also shows the CPU one transfer costs, both processes together (user + system, median over the
+repeats): on loopback both ends share the machine's cores, so when the cores are busy the throughput ratio
+follows the inverse ratio of CPU per byte. The footer splits KV's extra CPU per MiB into the least the
+checksum needs (both ends hash every byte, at the one-core rate printed above) and the rest.
+
     .venv/bin/python bench/kv_transfer.py                     # the table recorded in bench/RESULTS.md
     .venv/bin/python bench/kv_transfer.py --sizes-mib 64 --repeats 3
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import random
 import socket
 import statistics
@@ -33,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy  # noqa: E402
 import torch  # noqa: E402
 
+from reference_server.kv_cache import BlockAllocator  # noqa: E402
 from reference_server.transfer import KVReceiver, KVSender  # noqa: E402
 from reference_server.transfer_wire import new_checksum  # noqa: E402
 
@@ -40,6 +47,7 @@ from reference_server.transfer_wire import new_checksum  # noqa: E402
 LAYERS, KV_HEADS, HEAD_DIM, DTYPE = 8, 4, 128, torch.bfloat16
 BYTES_PER_TOKEN = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2
 _RAW_HEADER = struct.Struct("!QQ")  # offset, length of one raw stream's share
+CHECKSUM_NAME = "xxh3_64 (used)"
 
 
 def make_pool(num_blocks: int, block_tokens: int, fill: bool) -> torch.Tensor:
@@ -53,7 +61,11 @@ def make_pool(num_blocks: int, block_tokens: int, fill: bool) -> torch.Tensor:
 
 
 def receiver_process(commands: Connection, max_bytes: int) -> None:
-    """The receiving worker: a raw TCP sink and one KVReceiver at a time; driven over ``commands``."""
+    """The receiving worker: a raw TCP sink and one KVReceiver at a time; driven over ``commands``.
+
+    Commands: ("kv", block_tokens, num_blocks) replaces the KVReceiver and answers its address; ("cpu",)
+    answers this process's CPU seconds so far (user + system, all threads); ("stop",) ends it.
+    """
     raw_sink = bytearray(max_bytes)
     raw_listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(target=raw_accept_loop, args=(raw_listener, raw_sink), daemon=True).start()
@@ -61,37 +73,41 @@ def receiver_process(commands: Connection, max_bytes: int) -> None:
     receiver: KVReceiver | None = None
     while True:
         command = commands.recv()
+        if command[0] == "cpu":
+            commands.send(process_cpu_s())
+            continue
         if receiver is not None:
             receiver.close()
             receiver = None
         if command[0] == "stop":
             return
         _, block_tokens, num_blocks = command
-        free_ids = list(range(num_blocks))
-        random.Random(2).shuffle(free_ids)
-        lock = threading.Lock()
-
-        def allocate(count: int, free_ids: list[int] = free_ids, lock: threading.Lock = lock) -> list[int] | None:
-            with lock:
-                if len(free_ids) < count:
-                    return None
-                taken = free_ids[:count]
-                del free_ids[:count]
-                return taken
-
-        def free(block_ids: list[int], free_ids: list[int] = free_ids, lock: threading.Lock = lock) -> None:
-            with lock:
-                free_ids.extend(block_ids)
-                random.shuffle(free_ids)
-
+        allocator = fragmented_allocator(num_blocks, block_tokens)
         receiver = KVReceiver(
             make_pool(num_blocks, block_tokens, fill=False),
-            allocate_blocks=allocate,
-            free_blocks=free,
-            on_complete=lambda _rid, block_ids, _meta, _info, free=free: free(block_ids),
+            allocate_blocks=allocator.try_allocate,
+            free_blocks=allocator.free,
+            on_complete=lambda _rid, block_ids, _meta, _info, free=allocator.free: free(block_ids),
             on_failed=lambda rid, reason: print(f"receiver: {rid} failed: {reason}", file=sys.stderr),
         )
         commands.send(receiver.address)
+
+
+def fragmented_allocator(num_blocks: int, block_tokens: int) -> BlockAllocator:
+    """A decode worker's allocator whose free list is shuffled, as in a pool that has served for a while.
+
+    Freed blocks go back in the order they were taken, so every transfer lands on scattered blocks.
+    """
+    allocator = BlockAllocator(num_blocks, block_tokens)
+    block_ids = allocator.allocate(num_blocks)
+    random.Random(2).shuffle(block_ids)
+    allocator.free(block_ids)
+    return allocator
+
+
+def process_cpu_s() -> float:
+    """CPU seconds this process has used, user + system, all threads (ns resolution; os.times has 10 ms)."""
+    return time.process_time()
 
 
 def raw_accept_loop(listener: socket.socket, sink: bytearray) -> None:
@@ -132,6 +148,7 @@ class RawSender:
         self._executor = executor
 
     def send(self, payload: memoryview) -> float:
+        """Seconds to move ``payload`` and have every share acknowledged."""
         count = len(self._connections)
         bounds = [len(payload) * k // count for k in range(count + 1)]
         start = time.perf_counter()
@@ -156,6 +173,18 @@ class RawSender:
             conn.close()
 
 
+class CpuMeter:
+    """CPU both ends of a loopback transfer spend: this process and the receiver child (asked over a pipe)."""
+
+    def __init__(self, commands: Connection) -> None:
+        self._commands = commands
+
+    def both_processes_s(self) -> float:
+        self._commands.send(("cpu",))
+        receiver_s = self._commands.recv()
+        return process_cpu_s() + receiver_s
+
+
 def checksum_rates_gb_s(size_bytes: int = 64 << 20) -> dict[str, float]:
     data = memoryview(numpy.random.default_rng(1).bytes(size_bytes))  # zero pages would flatter the rates
 
@@ -165,7 +194,7 @@ def checksum_rates_gb_s(size_bytes: int = 64 << 20) -> dict[str, float]:
         checksum.intdigest()
 
     rates = {}
-    for name, run in (("xxh3_64 (used)", xxh3), ("zlib.crc32", lambda: zlib.crc32(data))):
+    for name, run in ((CHECKSUM_NAME, xxh3), ("zlib.crc32", lambda: zlib.crc32(data))):
         best = min(_timed(run) for _ in range(3))
         rates[name] = size_bytes / best / 1e9
     return rates
@@ -196,12 +225,22 @@ def main() -> None:
     payload = memoryview(numpy.random.default_rng(0).bytes(max_bytes))
     executor = ThreadPoolExecutor(max_workers=max(args.streams))
 
-    print(f"# KV transfer vs raw loopback TCP ({torch.get_num_threads()} torch threads, {BYTES_PER_TOKEN} B/token)")
-    for name, rate in checksum_rates_gb_s().items():
+    print(
+        f"# KV transfer vs raw loopback TCP ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
+        f"{BYTES_PER_TOKEN} B/token)"
+    )
+    checksum_rates = checksum_rates_gb_s()
+    for name, rate in checksum_rates.items():
         print(f"# checksum {name}: {rate:.1f} GB/s on one core")
-    print("| streams | block tokens | block KiB | transfer MiB | raw GB/s | KV GB/s | KV / raw | KV / raw (medians) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(
+        "| streams | block tokens | block KiB | transfer MiB | raw GB/s | KV GB/s | KV / raw | KV / raw (medians) "
+        "| raw core-ms | KV core-ms |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     ratios_at_64mib: list[float] = []
+    raw_core_ms_per_mib: list[float] = []
+    kv_core_ms_per_mib: list[float] = []
+    meter = CpuMeter(ours)
     try:
         for block_tokens in args.block_tokens:
             block_bytes = block_tokens * BYTES_PER_TOKEN
@@ -217,21 +256,30 @@ def main() -> None:
                         src_ids = random.Random(blocks + streams).sample(range(2 * max_blocks), blocks)
                         sender.send("warmup", src_pool, src_ids, kv_address)  # connections + clock offset
                         raw.send(payload[: blocks * block_bytes])
-                        raw_s, kv_s = [], []
+                        raw_s, kv_s, raw_cpu_s, kv_cpu_s = [], [], [], []
                         for repeat in range(args.repeats):
+                            cpu_before_s = meter.both_processes_s()
                             raw_s.append(raw.send(payload[: blocks * block_bytes]))
+                            cpu_between_s = meter.both_processes_s()
                             result = sender.send(f"r{repeat}", src_pool, src_ids, kv_address)
+                            kv_cpu_s.append(meter.both_processes_s() - cpu_between_s)
+                            raw_cpu_s.append(cpu_between_s - cpu_before_s)
                             kv_s.append(result.duration_s)
                     raw.close()
                     nbytes = blocks * block_bytes
                     raw_rate = nbytes / min(raw_s) / 1e9
                     kv_rate = nbytes / min(kv_s) / 1e9
                     median_ratio = statistics.median(raw_s) / statistics.median(kv_s)
+                    raw_core_ms = statistics.median(raw_cpu_s) * 1e3
+                    kv_core_ms = statistics.median(kv_cpu_s) * 1e3
                     if size_mib >= 64:
                         ratios_at_64mib.append(kv_rate / raw_rate)
+                        raw_core_ms_per_mib.append(raw_core_ms / (nbytes / (1 << 20)))
+                        kv_core_ms_per_mib.append(kv_core_ms / (nbytes / (1 << 20)))
                     print(
                         f"| {streams} | {block_tokens} | {block_bytes >> 10} | {nbytes / (1 << 20):.0f} "
-                        f"| {raw_rate:.2f} | {kv_rate:.2f} | {kv_rate / raw_rate:.2f} | {median_ratio:.2f} |",
+                        f"| {raw_rate:.2f} | {kv_rate:.2f} | {kv_rate / raw_rate:.2f} | {median_ratio:.2f} "
+                        f"| {raw_core_ms:.1f} | {kv_core_ms:.1f} |",
                         flush=True,
                     )
     finally:
@@ -242,6 +290,15 @@ def main() -> None:
         print(
             f"# KV / raw (bests) for transfers >= 64 MiB: median {statistics.median(ratios_at_64mib):.2f}, "
             f"min {min(ratios_at_64mib):.2f} (target >= 0.8)"
+        )
+        # Both ends hash every byte once; at the one-core rate that is a floor on the checksum's CPU.
+        checksum_core_ms_per_mib = 2 * (1 << 20) / (checksum_rates[CHECKSUM_NAME] * 1e9) * 1e3
+        raw_per_mib = statistics.median(raw_core_ms_per_mib)
+        kv_per_mib = statistics.median(kv_core_ms_per_mib)
+        print(
+            f"# CPU per MiB moved (>= 64 MiB rows, median): raw {raw_per_mib:.3f} core-ms, KV {kv_per_mib:.3f}; "
+            f"of KV's extra {kv_per_mib - raw_per_mib:.3f}, the checksum needs at least {checksum_core_ms_per_mib:.3f} "
+            "(both ends, at the one-core rate)"
         )
 
 
