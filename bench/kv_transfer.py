@@ -173,16 +173,10 @@ class RawSender:
             conn.close()
 
 
-class CpuMeter:
-    """CPU both ends of a loopback transfer spend: this process and the receiver child (asked over a pipe)."""
-
-    def __init__(self, commands: Connection) -> None:
-        self._commands = commands
-
-    def both_processes_s(self) -> float:
-        self._commands.send(("cpu",))
-        receiver_s = self._commands.recv()
-        return process_cpu_s() + receiver_s
+def both_processes_cpu_s(commands: Connection) -> float:
+    """CPU seconds so far of both ends of the loopback transfers: this process and the receiver child."""
+    commands.send(("cpu",))
+    return process_cpu_s() + commands.recv()
 
 
 def checksum_rates_gb_s(size_bytes: int = 64 << 20) -> dict[str, float]:
@@ -240,7 +234,6 @@ def main() -> None:
     ratios_at_64mib: list[float] = []
     raw_core_ms_per_mib: list[float] = []
     kv_core_ms_per_mib: list[float] = []
-    meter = CpuMeter(ours)
     try:
         for block_tokens in args.block_tokens:
             block_bytes = block_tokens * BYTES_PER_TOKEN
@@ -258,11 +251,11 @@ def main() -> None:
                         raw.send(payload[: blocks * block_bytes])
                         raw_s, kv_s, raw_cpu_s, kv_cpu_s = [], [], [], []
                         for repeat in range(args.repeats):
-                            cpu_before_s = meter.both_processes_s()
+                            cpu_before_s = both_processes_cpu_s(ours)
                             raw_s.append(raw.send(payload[: blocks * block_bytes]))
-                            cpu_between_s = meter.both_processes_s()
+                            cpu_between_s = both_processes_cpu_s(ours)
                             result = sender.send(f"r{repeat}", src_pool, src_ids, kv_address)
-                            kv_cpu_s.append(meter.both_processes_s() - cpu_between_s)
+                            kv_cpu_s.append(both_processes_cpu_s(ours) - cpu_between_s)
                             raw_cpu_s.append(cpu_between_s - cpu_before_s)
                             kv_s.append(result.duration_s)
                     raw.close()

@@ -150,10 +150,6 @@ class RecordRing:
         self._counting = threading.Lock()  # guards `dropped` only; renewed here in case fork caught it held
         self.dropped = 0
 
-    def push(self, record: Any) -> None:
-        """Append a record (for callers that do not hold `append`)."""
-        self.append(record)
-
     def drain(self, max_items: int) -> list[Any]:
         """Up to `max_items` records, oldest first, after trimming to capacity. Consumer thread only."""
         self.trim()
