@@ -130,3 +130,9 @@ def test_an_unreachable_prometheus_is_one_clear_error(scenario_traces, port):
     sc, path, _ = scenario_traces("chatty")
     result = CliRunner().invoke(report_command, _args(sc, path, "--prometheus", f"http://127.0.0.1:{port}"))
     assert result.exit_code == 1 and "could not be queried" in result.output
+
+
+def test_a_max_batch_below_one_is_a_usage_error(scenario_traces):
+    sc, path, _ = scenario_traces("chatty")
+    result = CliRunner().invoke(report_command, _args(sc, path, "--max-batch", "0"))
+    assert result.exit_code == 2 and "--max-batch" in result.output

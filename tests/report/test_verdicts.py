@@ -12,7 +12,8 @@ import pytest
 
 from tracer.report.build import build_report
 from tracer.report.goodput import search_goodput
-from tracer.report.simulate import SLO, Layout
+from tracer.report.simulate import SLO, EngineParams, Layout
+from tracer.report.synthetic import scenario, write_traces
 
 from .conftest import quick_options
 
@@ -114,3 +115,20 @@ def test_model_check_predicts_measured_latency_on_the_current_layout(scenario_tr
     assert check["predicted_ttft_p50_s"] == pytest.approx(check["measured_ttft_p50_s"], rel=0.15)
     assert check["predicted_itl_p50_s"] == pytest.approx(check["measured_itl_p50_s"], rel=0.15)
     assert check["measured_ttft_p50_s"] == pytest.approx(float(np.median(truth.ttft_s)), rel=0.02)
+
+
+def test_max_batch_bounds_goodput_at_what_a_capped_engine_serves(tmp_path):
+    """An engine that runs at most 4 requests per worker serves far less than the same costs uncapped: the
+    report told the cap matches the oracle under the true costs and cap, and without it overestimates."""
+    sc = scenario("chatty", n_requests=200)
+    capped = EngineParams(max_running_requests=4)
+    path = tmp_path / "capped.jsonl"
+    write_traces(path, sc.layout, sc.workload, sc.costs, noise_sigma=0.05, seed=7, params=capped)
+    told = build_report([path], quick_options(sc, max_batch=4))
+    untold = build_report([path], quick_options(sc))
+
+    oracle = search_goodput(sc.layout, sc.workload.resample(5000, 0), sc.costs, SLO(sc.slo_ttft_s, sc.slo_itl_s),
+                            start_rate_per_s=sc.workload.rate_per_s, min_requests=100, duration_s=20.0, params=capped)
+    assert _goodput(told, "colocated x4") == pytest.approx(oracle.goodput_per_gpu, rel=0.2)
+    assert _goodput(untold, "colocated x4") > 3 * oracle.goodput_per_gpu
+    assert any("at most 4 requests at once" in line for line in told.assumptions)

@@ -18,13 +18,14 @@ from tracer.report.decide import Decision, candidate_layouts, combine_windows, d
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, estimate_steps, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.load import RequestTable, TraceData, load_traces
-from tracer.report.simulate import SLO, Costs, Layout, TransferCosts, Workload, simulate
+from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
 
 # Stated as assumptions whenever they are used.
 DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
 DEFAULT_CHUNK_BUDGETS_TOKENS = (256, 512, 1024, 2048)
+DEFAULT_MAX_BATCH = EngineParams().max_running_requests
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ class ReportOptions:
     min_requests: int = 20  # per window
     min_steps: int = 50
     chunk_budgets_tokens: tuple[int, ...] = DEFAULT_CHUNK_BUDGETS_TOKENS
+    # Running requests one worker admits (vLLM --max-num-seqs, SGLang --max-running-requests); past it,
+    # arrivals queue. The default is vLLM's.
+    max_batch: int = DEFAULT_MAX_BATCH
     extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
 
     def __post_init__(self) -> None:
@@ -52,6 +56,8 @@ class ReportOptions:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.max_batch < 1:
+            raise ValueError("--max-batch must be at least 1")
         if self.margin < 0:
             raise ValueError("margin must not be negative")
 
@@ -206,6 +212,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     assumptions.append(f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs")
     assumptions.append(f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
                        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones")
+    assumptions.append(f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)")
     measured = measure(requests, slo) if len(requests) else None
     read = {
         "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
@@ -224,6 +231,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if frontend_s > 0:
         evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
     costs = Costs(step_fit.costs, transfer, frontend_s)
+    params = EngineParams(max_running_requests=options.max_batch)
     layouts = candidate_layouts(gpus, options.chunk_budgets_tokens)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
@@ -242,7 +250,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         start_rate = max(observed.rate_per_s, 1e-3)
         results = [
             search_goodput(layout, sample, costs, slo, start_rate_per_s=start_rate, min_requests=options.sim_requests,
-                           duration_s=options.sim_duration_s)
+                           duration_s=options.sim_duration_s, params=params)
             for layout in layouts
         ]
         decision = decide(current, results, options.margin)
@@ -252,7 +260,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     goodput = _mean_options(with_options) if with_options else []
     network = _network(measured, transfer, transfer_fit, final, goodput)
     evidence += _evidence(measured, step_fit, prefill_fit, transfer_fit, network, current, final, window_results)
-    check = model_check(current, requests, costs, slo, step_fit.noise_sigma)
+    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
     if check:
         evidence.append(
             f"model check on the current layout: predicted TTFT p50 {check['predicted_ttft_p50_s']:.3g} s vs measured "
@@ -383,14 +391,15 @@ def _frontend_s(requests: RequestTable) -> float:
     return float(max(0.0, np.median(rest))) if len(rest) else 0.0
 
 
-def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO, noise_sigma: float = 0.0) -> dict[str, float]:
+def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO, noise_sigma: float = 0.0,
+                params: EngineParams = EngineParams()) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
     vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible)."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
-    result = simulate(current, _workload(requests.select(ok)), costs, slo, noise_sigma=noise_sigma, seed=0)
+    result = simulate(current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0)
     measured_itl = requests.itl(slo.itl_stat)[ok]
     return {
         "predicted_ttft_p50_s": float(np.median(result.ttft_s)),

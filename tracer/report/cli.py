@@ -43,6 +43,8 @@ class _Duration(click.ParamType):
 @click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), help="Link per prefill worker, Gb/s (default: measured, else 100).")
 @click.option("--kv-bytes-per-token", type=click.FloatRange(min=0, min_open=True), help="KV cache bytes per token (default: measured, else Llama-3-8B bf16).")
 @click.option("--window", "window_s", type=_Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows.")
+@click.option("--max-batch", type=click.IntRange(min=1),
+              help="Requests one worker runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default 256.")
 @click.option("--margin", type=click.FloatRange(min=0), default=0.15, show_default=True, help="Goodput gain a layout change needs.")
 @click.option("--prometheus", "prometheus_url", help="Prometheus base URL for extra evidence (per-pool busy ratio, queues).")
 @click.option("--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries.")
@@ -50,10 +52,10 @@ class _Duration(click.ParamType):
 @click.option("--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation.")
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_gbps, kv_bytes_per_token, window_s, margin,
-                   prometheus_url, since_s, skip_bad, sim_requests, fmt, output) -> None:  # type: ignore[no-untyped-def]
+def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_gbps, kv_bytes_per_token, window_s, max_batch,
+                   margin, prometheus_url, since_s, skip_bad, sim_requests, fmt, output) -> None:  # type: ignore[no-untyped-def]
     """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
-    from tracer.report.build import ReportOptions, build_report
+    from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
     from tracer.report.load import TraceDataError
     from tracer.report.prometheus import PrometheusError, pool_evidence
     from tracer.report.render import headline, render
@@ -66,7 +68,7 @@ def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_g
             extra = tuple(pool_evidence(prometheus_url, since_s))
         options = ReportOptions(
             slo=SLO(slo_ttft, slo_itl, itl_stat, attainment), gpus=gpus, link_gbps=link_gbps, kv_bytes_per_token=kv_bytes_per_token,
-            window_s=window_s, margin=margin, skip_bad=skip_bad, sim_requests=sim_requests, extra_evidence=extra,
+            window_s=window_s, max_batch=max_batch or DEFAULT_MAX_BATCH, margin=margin, skip_bad=skip_bad, sim_requests=sim_requests, extra_evidence=extra,
         )
         report = build_report(list(traces), options)
     except (TraceFileError, TraceDataError, PrometheusError, ValueError) as exc:
