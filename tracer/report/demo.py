@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from reference_server.launch import ServeConfig
 from reference_server.process import ServerProcess
 from tracer.load import SLO as LoadSLO
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, LoadResult, RunProgress, run_load_sync
@@ -93,7 +94,8 @@ def run_layout(
         with console.status(f"stopping {name} server (flushing traces)..."):
             server.stop()
     with console.status(f"{name}: fitting costs and simulating layouts..."):
-        report = build_report([traces], ReportOptions(slo, kv_bytes_per_token=_kv_bytes_per_token(preset)))
+        options = ReportOptions(slo, kv_bytes_per_token=_kv_bytes_per_token(preset), max_batch=ServeConfig.max_batch)
+        report = build_report([traces], options)
     for fmt, suffix in (("md", "md"), ("html", "html"), ("json", "json")):
         (layout_dir / f"report.{suffix}").write_text(render(report, fmt))
     console.print(f"{name}: {result.summary.ok} ok / {result.summary.errors} errors; "
