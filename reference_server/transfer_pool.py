@@ -94,8 +94,23 @@ def _batches(runs: Iterator[memoryview], batch_bytes: int, across_runs: bool) ->
         yield batch
 
 
-class HostPoolBytes:
+class _BatchedRuns:
+    """``read_batches`` / ``write_batches`` over a subclass's ``read_runs`` / ``write_runs``; the subclass
+    says whether its views outlive the next run (``views_outlive_run``), so a batch may span runs."""
+
+    views_outlive_run: bool
+
+    def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.read_runs(block_ids), batch_bytes, across_runs=self.views_outlive_run)
+
+    def write_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
+        return batched(self.write_runs(block_ids), batch_bytes, across_runs=self.views_outlive_run)
+
+
+class HostPoolBytes(_BatchedRuns):
     """Zero-copy byte views of a CPU pool: sends read the pool's memory, receives ``recv_into`` it."""
+
+    views_outlive_run = True  # views of the pool itself
 
     def __init__(self, pool: torch.Tensor, max_run_bytes: int = DEFAULT_MAX_RUN_BYTES) -> None:
         self.layout = layout_of(pool)
@@ -114,18 +129,10 @@ class HostPoolBytes:
         for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):
             yield self._view(first_block, count)
 
-    def write_runs(self, block_ids: Sequence[int]) -> Iterator[memoryview]:
-        for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):
-            yield self._view(first_block, count)
-
-    def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
-        return batched(self.read_runs(block_ids), batch_bytes, across_runs=True)  # views of the pool itself
-
-    def write_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
-        return batched(self.write_runs(block_ids), batch_bytes, across_runs=True)
+    write_runs = read_runs  # the views are the pool's memory: filling one writes the pool
 
 
-class CudaStagedPoolBytes:
+class CudaStagedPoolBytes(_BatchedRuns):
     """A CUDA pool staged through pinned host buffers, one per concurrent user (a stream of a transfer).
 
     NOT EXERCISED BY CI (no GPU there): kept small on purpose. At most ``max_stagings`` pinned buffers of
@@ -134,6 +141,8 @@ class CudaStagedPoolBytes:
     so the engine's streams never block. Callers guarantee that whatever wrote the source blocks has
     finished (in the worker, the prefill's sampled token reached the host, which waited for the forward).
     """
+
+    views_outlive_run = False  # one staging buffer per generator, refilled per run
 
     def __init__(self, pool: torch.Tensor, max_run_bytes: int = DEFAULT_CUDA_RUN_BYTES, max_stagings: int = 8) -> None:
         self.layout = layout_of(pool)
@@ -181,13 +190,6 @@ class CudaStagedPoolBytes:
                     self._blocks[first_block : first_block + count].copy_(buffer[:count], non_blocking=True)
                 # The staging buffer is refilled by the next run: wait until the device has read it.
                 copy_stream.synchronize()
-
-    # One staging buffer per generator, refilled per run: batches never span runs.
-    def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
-        return batched(self.read_runs(block_ids), batch_bytes, across_runs=False)
-
-    def write_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
-        return batched(self.write_runs(block_ids), batch_bytes, across_runs=False)
 
 
 PoolBytes = Union["HostPoolBytes", "CudaStagedPoolBytes"]
