@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tracer.report.budget import candidate_budgets_tokens
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, estimate_steps, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
@@ -24,7 +25,6 @@ from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCos
 DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
-DEFAULT_CHUNK_BUDGETS_TOKENS = (256, 512, 1024, 2048)
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
 
 
@@ -43,7 +43,8 @@ class ReportOptions:
     seed: int = 0
     min_requests: int = 20  # per window
     min_steps: int = 50
-    chunk_budgets_tokens: tuple[int, ...] = DEFAULT_CHUNK_BUDGETS_TOKENS
+    # Empty: power-of-two budgets around the largest one whose worst step keeps the ITL SLO (budget.py).
+    chunk_budgets_tokens: tuple[int, ...] = ()
     # Running requests one worker admits (vLLM --max-num-seqs, SGLang --max-running-requests); past it,
     # arrivals queue. The default is vLLM's.
     max_batch: int = DEFAULT_MAX_BATCH
@@ -232,7 +233,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
     costs = Costs(step_fit.costs, transfer, frontend_s)
     params = EngineParams(max_running_requests=options.max_batch)
-    layouts = candidate_layouts(gpus, options.chunk_budgets_tokens)
+    budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
+    layouts = candidate_layouts(gpus, budgets)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
     windows = _windows(data, options)
@@ -276,6 +278,20 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
         win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
     )
+
+
+def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceData) -> tuple[int, ...]:
+    """Chunk budgets to simulate, around the ITL bound at the decode batch the traces show."""
+    steps = data.steps
+    if len(steps) and np.any(steps.decode_requests > 0):
+        decoding = steps.decode_requests > 0
+        batch = int(np.ceil(np.mean(steps.decode_requests[decoding])))
+        context = int(np.mean(steps.context_tokens[decoding]))
+    else:
+        batch = 8
+        context = int(batch * np.mean(requests.input_tokens + requests.output_tokens / 2)) if len(requests) else 0
+    prompts = np.maximum(requests.input_tokens - requests.cached_tokens, 1)
+    return candidate_budgets_tokens(step_fit.costs, slo.itl_s, prompts, batch, context)
 
 
 def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions: list[str]) -> TransferCosts:

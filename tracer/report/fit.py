@@ -95,8 +95,11 @@ def _robust_sigma(values: np.ndarray) -> float:
 def fit_steps(steps: StepTable) -> StepFit:
     """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware)."""
     p = steps.prefill_tokens.astype(float)
+    # The quadratic term is the chunks' attention over their prompts (tokens^2); a step span without it
+    # is taken to hold one whole prompt, whose attention is P^2.
+    attention = np.where(np.isnan(steps.prefill_attention_tokens2), p * p, steps.prefill_attention_tokens2)
     features = np.column_stack(
-        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, p * p]
+        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, attention]
     )
     cycle_s = cycle_times_s(steps)
     fit = fit_nonnegative(features, cycle_s)
