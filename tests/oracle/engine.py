@@ -132,6 +132,7 @@ class Run:
     deployment: Deployment
     requests: list[Request]
     iterations: list[Iteration] | None
+    kv_bytes_per_token: float
 
     def attainment(self, ttft_s: float, itl_s: float, itl_stat: str) -> float:
         ok = [0 <= r.ttft_s <= ttft_s and r.end_s >= 0 and r.itl_s(itl_stat) <= itl_s for r in self.requests]
@@ -153,7 +154,7 @@ def serve(deployment: Deployment, arrival_s: np.ndarray, prompt_tokens: np.ndarr
             inboxes[turn % deployment.workers].append((request.arrival_s, request))
         for worker, inbox in enumerate(inboxes):
             _worker(deployment.kind, "colocated", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
-        return Run(deployment, requests, iterations)
+        return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
 
     inboxes = [[] for _ in range(deployment.prefill_workers)]
     for turn, request in enumerate(by_arrival):
@@ -176,7 +177,7 @@ def serve(deployment: Deployment, arrival_s: np.ndarray, prompt_tokens: np.ndarr
         inboxes[request.decode_worker].append((request.transfer_end_s, request))
     for worker, inbox in enumerate(inboxes):
         _worker("decode", "decode", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
-    return Run(deployment, requests, iterations)
+    return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
 
 
 def _worker(role: str, pool: str, worker: int, inbox: list[tuple[float, Request]], deployment: Deployment,
