@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from tracer.report.budget import candidate_budgets_tokens
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
-from tracer.report.fit import PrefillFit, StepFit, TransferFit, estimate_steps, fit_prefill, fit_steps, fit_transfers
+from tracer.report.estimate import estimate_gaps, estimate_steps
+from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.load import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
@@ -202,9 +203,17 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
             )
         else:
             assumptions.append(
-                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from prefill spans and "
-                "decode spans' gaps against the decode batch seen on each worker"
+                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
+                "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
+                "that ran on the same worker in its decode window)"
             )
+    requests, estimated_itl = _with_estimated_gaps(requests, slo)
+    if estimated_itl:
+        assumptions.append(
+            f"per-request inter-token gaps ESTIMATED for {estimated_itl} of {len(requests)} requests (their spans carry none): "
+            "decode-only iterations of each request's own measured length, plus one stall per prefill that ran on its worker "
+            "during its decode, as long as that prefill"
+        )
     transfer_fit = fit_transfers(data.transfers)
     transfer = _transfer_costs(options, transfer_fit, assumptions)
     gpus = options.gpus or (current.gpus if current else 0)
@@ -278,6 +287,20 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
         win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
     )
+
+
+def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable, int]:
+    """`requests` with the inter-token statistics their spans lack estimated (estimate.py), and how many."""
+    missing = np.isnan(requests.itl(slo.itl_stat)) & (requests.output_tokens > 1) & ~requests.failed
+    if not missing.any():
+        return requests, 0
+    gaps = estimate_gaps(requests)
+    columns = {}
+    for name, estimate in (("itl_p50_s", gaps.p50_s), ("itl_p99_s", gaps.p99_s), ("itl_max_s", gaps.max_s), ("itl_mean_s", gaps.mean_s)):
+        current = getattr(requests, name)
+        columns[name] = np.where(np.isnan(current), estimate, current)
+    filled = replace(requests, **columns)
+    return filled, int((missing & ~np.isnan(filled.itl(slo.itl_stat))).sum())
 
 
 def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceData) -> tuple[int, ...]:

@@ -5,10 +5,9 @@ a + b*sum(context) + c*batch; a mixed step adds the prefill part of its prefill 
 interference factor (mixed step over the decode-only step at equal batch and context) falls out.
 Coefficients are kept non-negative by refitting without any term that comes out negative.
 
-Without step spans (the sidecar's vLLM adapter) the step model is ESTIMATED: the prefill part from prefill
-spans, the decode part from each decode span's median gap against the batch seen on its worker at the
-time, and the interference from decode gaps (max over median) while prefills ran on the same worker.
-`StepFit.source` says which, and the report prints it as an assumption. Pure computation.
+Without step spans (the sidecar's vLLM adapter) the step model is ESTIMATED from request overlap
+(`tracer.report.estimate`); `StepFit.source` says which, and the report prints it as an assumption.
+Pure computation.
 """
 
 from __future__ import annotations
@@ -138,42 +137,6 @@ def fit_prefill(requests: RequestTable) -> PrefillFit | None:
     fit = fit_nonnegative(np.column_stack([np.ones(len(tokens)), tokens, tokens * tokens]), requests.prefill_s[ok])
     a, b, c = (float(x) for x in fit.coefficients)
     return PrefillFit(a, b, c, fit.r2, fit.samples)
-
-
-def estimate_steps(requests: RequestTable, prefill: PrefillFit | None) -> StepFit | None:
-    """The step model without step spans (see module docstring). None when the spans cannot support it."""
-    has_decode = (requests.decode_end_ns > requests.decode_start_ns) & (requests.output_tokens > 1) & ~requests.failed
-    if has_decode.sum() < 3 or prefill is None:
-        return None
-    gap_s = requests.itl_p50_s.copy()
-    tpot = (requests.decode_end_ns - requests.decode_start_ns) / 1e9 / np.maximum(requests.output_tokens - 1, 1)
-    gap_s = np.where(np.isnan(gap_s), tpot, gap_s)
-    batch = np.zeros(len(requests))
-    context = np.zeros(len(requests))
-    interference: list[float] = []
-    for worker in set(requests.decode_worker[has_decode]):
-        on_worker = has_decode & (requests.decode_worker == worker)
-        starts = np.sort(requests.decode_start_ns[on_worker])
-        ends = np.sort(requests.decode_end_ns[on_worker])
-        middle = (requests.decode_start_ns[on_worker] + requests.decode_end_ns[on_worker]) // 2
-        concurrent = np.searchsorted(starts, middle, side="right") - np.searchsorted(ends, middle, side="right")
-        batch[on_worker] = np.maximum(concurrent, 1)
-        mean_context = float(np.mean(requests.input_tokens[on_worker] + requests.output_tokens[on_worker] / 2))
-        context[on_worker] = batch[on_worker] * mean_context
-        # Decode spans that overlapped a prefill on the same worker: their worst gap over their median gap.
-        prefill_here = requests.prefill_worker == worker
-        p_start = np.sort(requests.prefill_start_ns[prefill_here])
-        p_end = np.sort(requests.prefill_end_ns[prefill_here])
-        for i in np.flatnonzero(on_worker):
-            overlapping = np.searchsorted(p_start, requests.decode_end_ns[i]) - np.searchsorted(p_end, requests.decode_start_ns[i])
-            if overlapping > 0 and requests.itl_max_s[i] > 0 and requests.itl_p50_s[i] > 0:
-                interference.append(float(requests.itl_max_s[i] / requests.itl_p50_s[i]))
-    use = has_decode & ~np.isnan(gap_s)
-    fit = fit_nonnegative(np.column_stack([np.ones(use.sum()), context[use], batch[use]]), gap_s[use])
-    base, per_context, per_request = (float(x) for x in fit.coefficients)
-    costs = StepCosts(base, per_context, per_request, prefill.b_s_per_token, prefill.c_s_per_token2)
-    factor = float(np.median(interference)) if interference else None
-    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(interference), 0)
 
 
 @dataclass(frozen=True)
