@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.oracle.cases import CASES, Case, Expected, expected, traffic, truth
+from tests.oracle.cases import CASES, THROTTLED, Case, Expected, expected, traffic, truth
 from tests.oracle.engine import Deployment, Run, serve
 
 TRUTH_REQUESTS = 200
@@ -26,8 +26,8 @@ class Observed:
 
 def observe(name: str, seed: int, margin: float) -> Observed:
     """The truth for case `name` at workload seed `seed`, and a traced run of its current deployment."""
-    case = CASES[name]
-    table = truth(case, traffic(case, TRUTH_REQUESTS, seed))
+    case = THROTTLED if name == THROTTLED.name else CASES[name]
+    table = truth(case, seed, TRUTH_REQUESTS)
     verdict = expected(case, table, margin)
     current_goodput = table[case.current.name][1] * case.current.gpus
     best_goodput = max(g for _, g in table.values()) * case.current.gpus

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tracer.report import selfcheck
 from tracer.report.budget import candidate_budgets_tokens
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
 from tracer.report.estimate import estimate_gaps, estimate_steps
@@ -117,6 +118,8 @@ class Report:
     read: dict[str, Any]
     win_margin: float | None = None
     model_check: dict[str, float] = field(default_factory=dict)
+    # insufficient-data because the self-check failed: what the model would have recommended (selfcheck.py).
+    unconfirmed: str | None = None
     data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
     step_fit: StepFit | None = field(default=None, repr=False)
 
@@ -196,7 +199,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if len(data.steps) >= options.min_steps:
         step_fit = fit_steps(data.steps)
     else:
-        step_fit = estimate_steps(requests, prefill_fit) if len(requests) else None
+        step_fit = estimate_steps(requests) if len(requests) else None
         if step_fit is None:
             missing.append(
                 f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
@@ -274,19 +277,39 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
     if check:
         evidence.append(
-            f"model check on the current layout: predicted TTFT p50 {check['predicted_ttft_p50_s']:.3g} s vs measured "
-            f"{check['measured_ttft_p50_s']:.3g} s; predicted ITL {slo.itl_stat} p50 {check['predicted_itl_p50_s']:.3g} s vs "
-            f"measured {check['measured_itl_p50_s']:.3g} s"
+            f"model check on the current layout (pass: {selfcheck.describe_tolerance()}): TTFT p50/p90 predicted "
+            f"{check['predicted_ttft_p50_s']:.3g}/{check['predicted_ttft_p90_s']:.3g} s vs measured "
+            f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
+            f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
+            f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
         )
     if final.verdict == "insufficient-data":
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + final.reasons,
                       assumptions, measured, network, window_results, read, data=data, step_fit=step_fit)
+    failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)
+    if failed_check:
+        guess = _headline_of(final)
+        reasons = failed_check + [f"unconfirmed best guess (not a recommendation while the model misses): {guess}"]
+        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + reasons,
+                      assumptions, measured, network, window_results, read, model_check=check, data=data, step_fit=step_fit,
+                      unconfirmed=guess)
     return Report(
         verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
         current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
         win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
     )
+
+
+def _headline_of(decision: Decision) -> str:
+    """The decision in a few words, e.g. `split 2:2` or `enable-chunked-prefill (token budget 256)`."""
+    if decision.verdict == "rebalance":
+        return f"rebalance {decision.from_ratio} -> {decision.ratio}"
+    if decision.verdict == "split":
+        return f"split {decision.ratio}"
+    if decision.verdict == "enable-chunked-prefill" or (decision.verdict == "merge" and decision.chunk_budget_tokens):
+        return f"{decision.verdict} (token budget {decision.chunk_budget_tokens})"
+    return decision.verdict
 
 
 def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable, int]:
@@ -440,12 +463,16 @@ def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO,
         return {}
     result = simulate(current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0)
     measured_itl = requests.itl(slo.itl_stat)[ok]
-    return {
-        "predicted_ttft_p50_s": float(np.median(result.ttft_s)),
-        "measured_ttft_p50_s": float(np.nanmedian(requests.ttft_s[ok])),
-        "predicted_itl_p50_s": float(np.median(result.itl(slo.itl_stat))),
-        "measured_itl_p50_s": float(np.nanmedian(measured_itl)) if np.any(~np.isnan(measured_itl)) else float("nan"),
-    }
+    measured_itl = measured_itl[~np.isnan(measured_itl)]
+    measured_ttft = requests.ttft_s[ok]
+    measured_ttft = measured_ttft[~np.isnan(measured_ttft)]
+    out: dict[str, float] = {}
+    for q in (50, 90):
+        out[f"predicted_ttft_p{q}_s"] = float(np.percentile(result.ttft_s, q))
+        out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")
+        out[f"predicted_itl_p{q}_s"] = float(np.percentile(result.itl(slo.itl_stat), q))
+        out[f"measured_itl_p{q}_s"] = float(np.percentile(measured_itl, q)) if len(measured_itl) else float("nan")
+    return out
 
 
 def _fits_dict(step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,

@@ -55,12 +55,49 @@ def _time_average(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray, lo:
     return (at(hi) - at(lo)) / span
 
 
+@dataclass(frozen=True)
+class PrefillIterations:
+    """Prefill spans merged per worker into the iterations that ran them: prompts prefilled together (a
+    colocated engine batches waiting prompts into one iteration) share one span-long stall."""
+
+    worker: np.ndarray  # object
+    start_s: np.ndarray
+    end_s: np.ndarray
+    tokens: np.ndarray  # sum of the prompts' uncached tokens
+    attention_tokens2: np.ndarray  # sum of their squares
+
+
+def prefill_iterations(requests: RequestTable) -> PrefillIterations:
+    rows: list[tuple[str, float, float, float, float]] = []
+    has = (requests.prefill_end_ns > requests.prefill_start_ns) & ~requests.failed
+    tokens_all = np.maximum(requests.input_tokens - requests.cached_tokens, 1).astype(float)
+    for worker in set(requests.prefill_worker[has]):
+        index = np.flatnonzero(has & (requests.prefill_worker == worker))
+        index = index[np.argsort(requests.prefill_start_ns[index], kind="stable")]
+        start, end, tokens, attention = None, None, 0.0, 0.0
+        for i in index:
+            s_i, e_i = requests.prefill_start_ns[i] / 1e9, requests.prefill_end_ns[i] / 1e9
+            if start is not None and s_i < end:  # overlaps the iteration being merged
+                end = max(end, e_i)
+            else:
+                if start is not None:
+                    rows.append((worker, start, end, tokens, attention))
+                start, end, tokens, attention = s_i, e_i, 0.0, 0.0
+            tokens += tokens_all[i]
+            attention += tokens_all[i] ** 2
+        if start is not None:
+            rows.append((worker, start, end, tokens, attention))
+    columns = list(zip(*rows)) if rows else [[], [], [], [], []]
+    return PrefillIterations(np.asarray(columns[0], dtype=object), *(np.asarray(c, dtype=float) for c in columns[1:]))
+
+
 def overlap(requests: RequestTable) -> Overlap:
     n = len(requests)
     iterations = np.maximum(requests.output_tokens - 1, 0).astype(float)
     batch, context, decode_only = (np.full(n, np.nan) for _ in range(3))
     stalls: list[np.ndarray] = [np.zeros(0)] * n
     decoding = (requests.decode_end_ns > requests.decode_start_ns) & (iterations > 0) & ~requests.failed
+    prefills = prefill_iterations(requests)
     ds = requests.decode_start_ns / 1e9
     de = requests.decode_end_ns / 1e9
     for worker in set(requests.decode_worker[decoding]):
@@ -68,11 +105,8 @@ def overlap(requests: RequestTable) -> Overlap:
         weight = requests.input_tokens[on] + requests.output_tokens[on] / 2.0
         batch[on] = _time_average(ds[on], de[on], np.ones(len(on)), ds[on], de[on])
         context[on] = _time_average(ds[on], de[on], weight.astype(float), ds[on], de[on])
-        here = np.flatnonzero((requests.prefill_worker == worker) & (requests.prefill_end_ns > requests.prefill_start_ns))
-        p_start = requests.prefill_start_ns[here] / 1e9
-        p_end = requests.prefill_end_ns[here] / 1e9
-        order = np.argsort(p_start)
-        p_start, p_end = p_start[order], p_end[order]
+        here = prefills.worker == worker
+        p_start, p_end = prefills.start_s[here], prefills.end_s[here]  # sorted by start
         for i in on:
             first = np.searchsorted(p_start, ds[i], side="left")
             last = np.searchsorted(p_start, de[i], side="left")
@@ -85,8 +119,22 @@ def overlap(requests: RequestTable) -> Overlap:
     return Overlap(iterations, batch, context, decode_only, stalls)
 
 
-def estimate_steps(requests: RequestTable, prefill: PrefillFit | None) -> StepFit | None:
-    """The step model from request overlap (module docstring). None when too few requests decoded."""
+def fit_prefill_iterations(requests: RequestTable) -> PrefillFit | None:
+    """prefill iteration s = a + b * tokens + c * attention over the merged prefill iterations (the prefill
+    terms of the step model; `a` also holds the decode part of those iterations and is not used)."""
+    prefills = prefill_iterations(requests)
+    if len(prefills.start_s) < 3:
+        return None
+    features = np.column_stack([np.ones(len(prefills.start_s)), prefills.tokens, prefills.attention_tokens2])
+    fit = fit_nonnegative(features, prefills.end_s - prefills.start_s)
+    a, b, c = (float(x) for x in fit.coefficients)
+    return PrefillFit(a, b, c, fit.r2, fit.samples)
+
+
+def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) -> StepFit | None:
+    """The step model from request overlap (module docstring). None when too few requests decoded.
+    `prefill` defaults to the fit over merged prefill iterations."""
+    prefill = prefill or fit_prefill_iterations(requests)
     if prefill is None:
         return None
     seen = overlap(requests)
