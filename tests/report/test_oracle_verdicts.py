@@ -15,11 +15,9 @@ import math
 import pytest
 
 from tests.oracle.cases import CASES
-from tests.oracle.observe import Observed, observe
-from tests.oracle.through_sidecar import write_via_sidecars
-from tests.oracle.traces import write_full
-from tracer.report.build import Report, ReportOptions, build_report
-from tracer.report.simulate import SLO
+from tests.oracle.observe import Observed
+from tests.report.conftest import oracle_options
+from tracer.report.build import Report, build_report
 from tracer.vocabulary import Verdict
 
 MARGIN = 0.15
@@ -27,36 +25,6 @@ SEEDS = (1, 2, 3)
 # The oracle's winner must clear (or miss) the margin by this much for a case to be a fair test; a case
 # that drifts into a near-tie fails here, loudly, rather than making the verdict a coin toss.
 CLEAR_OF_MARGIN = 0.05
-
-
-@pytest.fixture(scope="module")
-def observed(tmp_path_factory):
-    """(case, seed) -> (Observed, full trace path, vLLM-shaped trace path); computed once per module."""
-    cache: dict[tuple[str, int], tuple[Observed, object, object]] = {}
-    folder = tmp_path_factory.mktemp("oracle")
-
-    def get(name: str, seed: int):
-        if (name, seed) not in cache:
-            seen = observe(name, seed, MARGIN)
-            full = folder / f"{name}-{seed}.jsonl"
-            write_full(full, seen.run, seed)
-            vllm_shaped = folder / f"{name}-{seed}-vllm.jsonl"
-            if seen.case.current.kind != "split":  # stock vLLM here: one colocated engine per sidecar
-                write_via_sidecars(vllm_shaped, seen.run, seed)
-            cache[(name, seed)] = (seen, full, vllm_shaped)
-        return cache[(name, seed)]
-
-    return get
-
-
-def _options(seen: Observed) -> ReportOptions:
-    case = seen.case
-    return ReportOptions(
-        SLO(case.slo.ttft_s, case.slo.itl_s, case.slo.itl_stat, case.slo.attainment),
-        # What an operator knows about the hardware: the link and the model's KV size.
-        link_gbps=case.physics.link_bytes_per_s * 8 / 1e9, kv_bytes_per_token=case.physics.kv_bytes_per_token,
-        margin=MARGIN, sim_requests=100, sim_max_requests=1000, sim_duration_s=10.0,
-    )
 
 
 def _table(seen: Observed, report: Report) -> str:
@@ -76,18 +44,18 @@ def _assert_matches_the_truth(seen: Observed, report: Report) -> None:
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", list(CASES))
-def test_full_traces_reach_the_oracles_verdict(observed, name, seed):
-    seen, full, _ = observed(name, seed)
-    report = build_report([full], _options(seen))
+def test_full_traces_reach_the_oracles_verdict(oracle_traces, name, seed):
+    seen, full, _ = oracle_traces(name, seed, MARGIN)
+    report = build_report([full], oracle_options(seen))
     _assert_matches_the_truth(seen, report)
     assert report.fits["step"]["source"] == "step spans"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.current.kind != "split"])
-def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(observed, name, seed):
-    seen, _, vllm_shaped = observed(name, seed)
-    report = build_report([vllm_shaped], _options(seen))
+def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_traces, name, seed):
+    seen, _, vllm_shaped = oracle_traces(name, seed, MARGIN)
+    report = build_report([vllm_shaped], oracle_options(seen))
     _assert_matches_the_truth(seen, report)
     # Every estimated quantity is listed: the step model and the per-request gaps.
     assert report.fits["step"]["source"] == "estimated from request spans"

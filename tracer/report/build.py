@@ -16,6 +16,7 @@ import numpy as np
 
 from tracer.report import selfcheck
 from tracer.report.budget import candidate_budgets_tokens
+from tracer.report.confidence import MIN_RESAMPLES, bootstrap
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
@@ -51,6 +52,8 @@ class ReportOptions:
     # arrivals queue. The default is vLLM's.
     max_batch: int = DEFAULT_MAX_BATCH
     extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
+    # Bootstrap re-runs behind `confidence` (confidence.py); 0 skips it (confidence then null).
+    confidence_resamples: int = MIN_RESAMPLES
 
     def __post_init__(self) -> None:
         if self.gpus is not None and self.gpus < 1:
@@ -63,6 +66,8 @@ class ReportOptions:
             raise ValueError("--max-batch must be at least 1")
         if self.margin < 0:
             raise ValueError("margin must not be negative")
+        if self.confidence_resamples and self.confidence_resamples < MIN_RESAMPLES:
+            raise ValueError(f"confidence needs at least {MIN_RESAMPLES} resamples (or 0 to skip it)")
 
 
 @dataclass
@@ -120,6 +125,8 @@ class Report:
     model_check: dict[str, float] = field(default_factory=dict)
     # insufficient-data because the self-check failed: what the model would have recommended (selfcheck.py).
     unconfirmed: str | None = None
+    confidence: float | None = None  # share of bootstrap re-runs reaching the same verdict
+    confidence_resamples: int = 0
     data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
     step_fit: StepFit | None = field(default=None, repr=False)
 
@@ -251,6 +258,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         layouts.append(current)
     windows = _windows(data, options)
     window_results: list[WindowResult] = []
+    largest: tuple[int, list[GoodputResult], Workload] | None = None  # the window with the most requests
     for start_ns, end_ns in windows:
         in_window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns)
         selected = requests.select(in_window)
@@ -268,6 +276,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
             for layout in layouts
         ]
         decision = decide(current, results, options.margin)
+        if largest is None or len(selected) > largest[0]:
+            largest = (len(selected), results, observed)
         window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
     final = combine_windows(current, [w.decision for w in window_results])
     with_options = [w for w in window_results if w.options]
@@ -293,11 +303,22 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + reasons,
                       assumptions, measured, network, window_results, read, model_check=check, data=data, step_fit=step_fit,
                       unconfirmed=guess)
+    confidence = None
+    if options.confidence_resamples and largest is not None:
+        confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
+                               options.confidence_resamples, options.seed, options.sim_requests, options.sim_duration_s,
+                               max(options.sim_requests, options.sim_max_requests))
+        said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
+        evidence.append(
+            f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
+            f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
+        )
     return Report(
         verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
         current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
         win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
+        confidence=confidence.share if confidence else None, confidence_resamples=confidence.resamples if confidence else 0,
     )
 
 

@@ -153,7 +153,8 @@ def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) ->
     ok = (predicted > 0) & (seen.decode_only_step_s[use] > 0)
     ratios_log = np.log(seen.decode_only_step_s[use][ok] / predicted[ok])
     sigma = float(1.4826 * np.median(np.abs(ratios_log - np.median(ratios_log)))) if ok.sum() > 2 else 0.0
-    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(ratios), 0, sigma)
+    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(ratios), 0, sigma,
+                   features, seen.decode_only_step_s[use], ("base_s", "context_s_per_token", "decode_s_per_request"))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ Pure computation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -62,6 +62,20 @@ class StepFit:
     # multiplies each step by a lognormal factor of this sigma, so per-request tails (an ITL p99 is nearly
     # the worst of a request's gaps) are not predicted from the mean alone.
     noise_sigma: float = 0.0
+    # The regression behind `costs`, for the residual bootstrap (`resampled`): its design matrix, target,
+    # and which StepCosts field each column prices (the other fields stay as fitted).
+    design: np.ndarray | None = field(default=None, repr=False)
+    target: np.ndarray | None = field(default=None, repr=False)
+    terms: tuple[str, ...] = ()
+
+    def resampled(self, rng: np.random.Generator) -> StepCosts:
+        """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap)."""
+        if self.design is None or self.target is None or not self.terms:
+            return self.costs
+        fitted = self.design @ np.array([getattr(self.costs, term) for term in self.terms])
+        residuals = self.target - fitted
+        refit = fit_nonnegative(self.design, fitted + rng.choice(residuals, len(residuals)))
+        return replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
 
 
 # A step that starts within this long after its predecessor ended follows it back to back (the worker
@@ -115,7 +129,8 @@ def fit_steps(steps: StepTable) -> StepFit:
     predicted = features @ np.asarray(fit.coefficients, dtype=float)
     usable = (predicted > 0) & (cycle_s > 0)
     noise_sigma = _robust_sigma(np.log(cycle_s[usable] / predicted[usable])) if usable.sum() > 2 else 0.0
-    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma)
+    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma,
+                   features, cycle_s, _STEP_TERMS)
 
 
 @dataclass(frozen=True)
