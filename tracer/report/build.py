@@ -16,7 +16,7 @@ import numpy as np
 
 from tracer.report import selfcheck
 from tracer.report.budget import candidate_budgets_tokens
-from tracer.report.confidence import MIN_RESAMPLES, bootstrap
+from tracer.report.confidence import MIN_RESAMPLES, RERUN_DURATION_S, RERUN_REQUESTS, RERUN_SAMPLE_REQUESTS, bootstrap
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
@@ -306,8 +306,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     confidence = None
     if options.confidence_resamples and largest is not None:
         confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
-                               options.confidence_resamples, options.seed, options.sim_requests, options.sim_duration_s,
-                               max(options.sim_requests, options.sim_max_requests))
+                               options.confidence_resamples, options.seed, min(options.sim_requests, RERUN_REQUESTS),
+                               min(options.sim_duration_s, RERUN_DURATION_S), RERUN_SAMPLE_REQUESTS)
         said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
         evidence.append(
             f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "

@@ -5,8 +5,8 @@ fitted values plus residuals drawn with replacement (StepFit.resampled), searche
 layouts that matter to the verdict (the current one, plain colocated, the best chunked budget and the
 two best splits), and decides with the same margin. A verdict that holds in 19 of 20 re-runs is
 firm; one that flips in half of them is a near-tie, whatever its margin in the main run. Re-runs simulate
-as long as the main search but bisect coarser (a bootstrap needs many runs, each only precise enough to
-fall on one side of the margin). Blocking, CPU only.
+at most RERUN_DURATION_S of arrivals and bisect coarser than the main search (a bootstrap needs many
+runs, each only precise enough to fall on one side of the margin). Blocking, CPU only.
 """
 
 from __future__ import annotations
@@ -21,6 +21,11 @@ from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, Workload
 
 MIN_RESAMPLES = 20
+# Re-runs simulate at most this much (the main search may simulate more): twenty re-runs must cost a few
+# main searches, not twenty.
+RERUN_REQUESTS = 100
+RERUN_DURATION_S = 10.0
+RERUN_SAMPLE_REQUESTS = 1000
 _RERUN_BISECT_STEPS = 5  # 3%: enough to tell which side of a 15% margin a re-run falls
 
 

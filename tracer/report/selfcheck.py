@@ -13,7 +13,7 @@ import math
 
 # A prediction within this share of the measurement (or within the absolute floor, below which a
 # difference is timer jitter and a frontend's rounding rather than a model miss) passes.
-TOLERANCE = 0.25
+TOLERANCE = 0.35  # the error the simulator is held to on a real reference-server run (test_simulator_vs_server)
 TOLERANCE_FLOOR_S = 0.005
 # The step fit must explain at least this share of the variance of observed (or estimated) step times.
 MIN_STEP_R2 = 0.8
