@@ -1,7 +1,6 @@
 """Off the hot path: drain the ring, resolve timings, build spans, feed metrics.
 
-One daemon thread per process (`Pipeline`) wakes every `interval_s` (or when the ring passes half full),
-drains records, resolves their clock marks (CUDA events by `query()`, never by synchronising; records
+One daemon thread per process (`Pipeline`) wakes every `interval_s`, drains records resolves their clock marks (CUDA events by `query()`, never by synchronising; records
 whose events are not complete wait in a bounded pending list), turns them into `SpanData`, and hands them
 to a sink:
 - `tracer.local_sink.LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and
@@ -37,6 +36,7 @@ from tracer.records import (
     StepRecord,
 )
 from tracer.timing import SOURCE_HOST, Clock, Interval, perf_counter_ns
+from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +217,10 @@ class Pipeline:
                 log.exception("splitscope pipeline: drain failed")
 
     def drain_once(self, force_host_timing: bool = False) -> int:
-        """Resolve and emit what can be; returns the number of spans emitted. Pipeline thread only."""
+        """Resolve and emit what can be; returns the number of spans the sink took. Pipeline thread only.
+
+        Every record drained either becomes a span the sink took, waits in the pending list, or is counted
+        through `on_drop` (bad_record, pending_full, ring_full, sink_error)."""
         now = perf_counter_ns()
         records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
         self._pending = []
@@ -235,25 +238,33 @@ class Pipeline:
                     log.exception("splitscope pipeline: dropping a malformed record %r", record[:3])
                 bad += 1
         if bad:
-            self._drop("bad_record", bad)
+            self._drop(DropReason.BAD_RECORD, bad)
         if len(self._pending) > self.max_pending:
             overflow = len(self._pending) - self.max_pending
             self._pending = self._pending[overflow:]
-            self._drop("pending_full", overflow)
+            self._drop(DropReason.PENDING_FULL, overflow)
         ring_drops = self.ring.dropped - self._reported_ring_drops
         if ring_drops > 0:
             self._reported_ring_drops += ring_drops
-            self._drop("ring_full", ring_drops)
+            self._drop(DropReason.RING_FULL, ring_drops)
         if self._pending_gauge is not None:
             self._pending_gauge.set(len(self._pending) + len(self.ring))
         # Emit in small slices and yield the GIL between them: a long uninterrupted pass would make the
         # engine thread wait for the interpreter lock each time one of its device/torch calls returns.
+        emitted = 0
         for first in range(0, len(out), EMIT_SLICE):
             if first:
                 time.sleep(0)
-            self.sink.emit(out[first : first + EMIT_SLICE])
-        self.emitted += len(out)
-        return len(out)
+            batch = out[first : first + EMIT_SLICE]
+            try:
+                self.sink.emit(batch)
+            except Exception:  # a failing sink costs its slice, counted, never the rest of the drain
+                log.exception("splitscope pipeline: the sink failed; dropping %d spans", len(batch))
+                self._drop(DropReason.SINK_ERROR, len(batch))
+                continue
+            emitted += len(batch)
+        self.emitted += emitted
+        return emitted
 
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
         if record.kind == KIND_STAGE_WALL:

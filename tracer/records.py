@@ -105,7 +105,8 @@ RECORD_TYPES = {
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
+    """Bounded multi-producer, single-consumer ring; drop-oldest when full, each drop counted in `dropped`
+    (but for the logged backstop case at the end of this docstring).
 
     Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
     no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest
