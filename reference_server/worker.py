@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from reference_server.engine import (
     EVENT_DONE,
@@ -53,8 +54,6 @@ from reference_server.process_guard import die_with_parent
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
-from prometheus_client import CollectorRegistry
-
 from tracer import TraceContext, start_tracing
 from tracer.metrics import exposition
 from tracer.auth import bearer_ok, is_loopback
@@ -129,6 +128,7 @@ class Worker:
         self.options = options
         self.loop = loop
         self.pool_name = POOL_OF_ROLE[options.role]
+        self.engine_failed = asyncio.Event()  # set on the loop when the engine thread gives up
         if options.threads > 0:
             torch.set_num_threads(options.threads)
         self.args = ModelArgs.from_name(options.preset)
@@ -162,6 +162,7 @@ class Worker:
             deliver=self.deliver,
             max_waiting_requests=options.max_waiting,
             anchor=getattr(clock, "anchor", None),
+            on_fatal=lambda reason: loop.call_soon_threadsafe(self.engine_failed.set),
         )
         self.receiver = None
         self.sender = None
@@ -406,10 +407,19 @@ async def serve_worker(options: WorkerOptions, ready_stream: Any = None) -> None
     out.flush()
     log.info("%s (%s) ready at %s", options.name, options.role, ready["url"])
     try:
-        await stop.wait()
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(worker.engine_failed.wait())]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
     finally:
         await runner.cleanup()
         await worker.close()
+    if worker.engine.fatal_error:
+        raise EngineFailed(worker.engine.fatal_error)
+
+
+class EngineFailed(RuntimeError):
+    """The engine loop gave up (deterministic failures); the worker process exits non-zero."""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
@@ -441,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         asyncio.run(serve_worker(options))
+    except EngineFailed as exc:
+        print(f"error: worker {options.name}: {exc}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         log.exception("worker %s failed to start", options.name)
         print(f"error: worker {options.name}: {exc}", file=sys.stderr)
