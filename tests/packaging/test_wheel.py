@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import REPO_ROOT
 
@@ -83,6 +84,14 @@ def test_every_command_runs_from_the_installed_wheel(installed, tmp_path):
     dashboards = _run(installed, "splitscope", "dashboards", "build", "--check", cwd=tmp_path)
     assert dashboards.returncode == 0, dashboards.stdout + dashboards.stderr
     assert "up to date" in dashboards.stdout
+
+    copied = _run(installed, "splitscope", "deploy-files", "stack", cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    prometheus_yml = yaml.safe_load((tmp_path / "stack/deploy/prometheus.yml").read_text())
+    for rule_file in prometheus_yml["rule_files"]:  # relative to the config file, as Prometheus reads it
+        assert (tmp_path / "stack/deploy" / rule_file).is_file(), rule_file
+    assert (tmp_path / "stack/dashboards/generated/overview.json").is_file()
+    assert _run(installed, "splitscope", "deploy-files", "stack", cwd=tmp_path).returncode != 0  # no silent overwrite
 
 
 def test_the_installed_tracer_writes_traces_the_installed_report_reads(installed, tmp_path):
