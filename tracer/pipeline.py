@@ -91,7 +91,7 @@ def decode_summary(
     return attrs, stalls, gaps_s, stall_times
 
 
-class Summariser:
+class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
     def __init__(self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1) -> None:
@@ -177,7 +177,7 @@ class Pipeline:
     def __init__(
         self,
         ring: RecordRing,
-        summariser: Summariser,
+        span_builder: SpanBuilder,
         sink: Sink,
         interval_s: float = 0.1,
         max_pending: int = 16384,
@@ -185,7 +185,7 @@ class Pipeline:
         pending_gauge: Any | None = None,
     ) -> None:
         self.ring = ring
-        self.summariser = summariser
+        self.span_builder = span_builder
         self.sink = sink
         self.interval_s = interval_s
         self.max_pending = max_pending
@@ -197,11 +197,11 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self.emitted = 0
         self._convert = {
-            KIND_STAGE: summariser.stage,
-            KIND_STAGE_WALL: summariser.stage,
-            KIND_DECODE: summariser.decode,
-            KIND_STEP: summariser.step,
-            KIND_REQUEST: summariser.request,
+            KIND_STAGE: span_builder.stage,
+            KIND_STAGE_WALL: span_builder.stage,
+            KIND_DECODE: span_builder.decode,
+            KIND_STEP: span_builder.step,
+            KIND_REQUEST: span_builder.request,
         }
 
     def start(self) -> Pipeline:
@@ -269,7 +269,7 @@ class Pipeline:
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
         if record.kind == KIND_STAGE_WALL:
             return Interval(record.start, record.end, SOURCE_HOST)
-        clock = self.summariser.clock
+        clock = self.span_builder.clock
         interval = clock.resolve(record.start, record.end, now)
         if interval is None and force_host:  # shutting down: incomplete CUDA events fall back to host marks
             start_ns = clock.to_wall_ns(clock.host_perf_ns(record.start))

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracer.api import NoopTracer, RecordingTracer, Tracer
-from tracer.pipeline import Pipeline, Sink, Summariser
+from tracer.pipeline import Pipeline, Sink, SpanBuilder
 from tracer.records import RecordRing
 from tracer.resource import default_service_name, resource_attributes
 from tracer.timing import default_clock
@@ -119,7 +119,7 @@ def start_tracing(
     ring = RecordRing(ring_capacity)
     pipeline = Pipeline(
         ring,
-        Summariser(clock, pool, worker, step_sample_every),
+        SpanBuilder(clock, pool, worker, step_sample_every),
         sink,
         interval_s=interval_s,
         on_drop=dropped.add,
