@@ -51,16 +51,16 @@ from reference_server.engine import (
 from reference_server.kv_cache import KVCachePool, kv_bytes_per_token
 from reference_server.model import ModelArgs, build_model
 from reference_server.process_guard import die_with_parent
+from reference_server.ready_line import ready_line
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
+from tracer.auth import bearer_ok, check_bind_token
 from tracer.metrics import exposition
-from tracer.auth import bearer_ok, is_loopback
 
 log = logging.getLogger("reference_server.worker")
 
-READY_PREFIX = "SPLITSCOPE_WORKER_READY "
 ROLES = ("colocated", "chunked", "prefill", "decode")
 MAX_BODY_BYTES = 4 << 20  # a max_seq_len prompt as JSON token ids fits many times over
 MAX_REQUEST_ID_CHARS = 256
@@ -94,8 +94,7 @@ def internal_api_token(host: str) -> str | None:
     open beyond this machine without one.
     """
     token = token_from_env()
-    if token is None and not is_loopback(host):
-        raise ValueError(f"binding the worker to {host} (not loopback) needs a shared-secret token: set {TOKEN_ENV_VAR}")
+    check_bind_token("the worker", [host], token, TOKEN_ENV_VAR)
     return token
 
 
@@ -403,7 +402,7 @@ async def serve_worker(options: WorkerOptions, ready_stream: Any = None) -> None
         "kv_blocks": worker.kv_pool.num_blocks,
     }
     out = ready_stream or sys.stdout
-    out.write(READY_PREFIX + json.dumps(ready) + "\n")
+    out.write(ready_line(ready))
     out.flush()
     log.info("%s (%s) ready at %s", options.name, options.role, ready["url"])
     try:
