@@ -113,8 +113,8 @@ class Catalogue:
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
-        for reason in DropReason:
-            self.tracer_dropped.labels(reason=reason)
+        for drop_reason in DropReason:
+            self.tracer_dropped.labels(reason=drop_reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
 
