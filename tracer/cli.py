@@ -19,6 +19,7 @@ _SUBCOMMANDS = {
     "report": ("tracer.report.cli:report_command", "report"),
     "dashboards": ("dashboards.cli:dashboards_group", "dashboards"),
     "alerts": ("alerts.cli:alerts_group", "alerts"),
+    "deploy-files": ("tracer.deploy_files:deploy_files_command", "all"),
 }
 
 

@@ -95,7 +95,7 @@ class RequestRecord(NamedTuple):
     error_type: str
 
 
-RECORD_TYPES = {
+RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view
     KIND_STAGE: StageRecord,
     KIND_STAGE_WALL: StageRecord,
     KIND_DECODE: DecodeRecord,
@@ -105,7 +105,8 @@ RECORD_TYPES = {
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
+    """Bounded multi-producer, single-consumer ring; drop-oldest when full, each drop counted in `dropped`
+    (but for the logged backstop case at the end of this docstring).
 
     Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
     no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest
