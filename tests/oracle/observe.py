@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from tests.oracle.cases import CASES, THROTTLED, Case, Expected, expected, traffic, truth
 from tests.oracle.engine import Deployment, Run, serve

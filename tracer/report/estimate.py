@@ -68,27 +68,29 @@ class PrefillIterations:
 
 
 def prefill_iterations(requests: RequestTable) -> PrefillIterations:
-    rows: list[tuple[str, float, float, float, float]] = []
+    rows: list[tuple[object, float, float, float, float]] = []
     has = (requests.prefill_end_ns > requests.prefill_start_ns) & ~requests.failed
     tokens_all = np.maximum(requests.input_tokens - requests.cached_tokens, 1).astype(float)
     for worker in set(requests.prefill_worker[has]):
         index = np.flatnonzero(has & (requests.prefill_worker == worker))
         index = index[np.argsort(requests.prefill_start_ns[index], kind="stable")]
-        start, end, tokens, attention = None, None, 0.0, 0.0
+        group: list[float] | None = None  # [start, end, tokens, attention] of the iteration being merged
         for i in index:
-            s_i, e_i = requests.prefill_start_ns[i] / 1e9, requests.prefill_end_ns[i] / 1e9
-            if start is not None and s_i < end:  # overlaps the iteration being merged
-                end = max(end, e_i)
+            s_i, e_i = float(requests.prefill_start_ns[i] / 1e9), float(requests.prefill_end_ns[i] / 1e9)
+            if group is not None and s_i < group[1]:  # overlaps it: the same iteration
+                group[1] = max(group[1], e_i)
             else:
-                if start is not None:
-                    rows.append((worker, start, end, tokens, attention))
-                start, end, tokens, attention = s_i, e_i, 0.0, 0.0
-            tokens += tokens_all[i]
-            attention += tokens_all[i] ** 2
-        if start is not None:
-            rows.append((worker, start, end, tokens, attention))
-    columns = list(zip(*rows)) if rows else [[], [], [], [], []]
-    return PrefillIterations(np.asarray(columns[0], dtype=object), *(np.asarray(c, dtype=float) for c in columns[1:]))
+                if group is not None:
+                    rows.append((worker, group[0], group[1], group[2], group[3]))
+                group = [s_i, e_i, 0.0, 0.0]
+            group[2] += float(tokens_all[i])
+            group[3] += float(tokens_all[i]) ** 2
+        if group is not None:
+            rows.append((worker, group[0], group[1], group[2], group[3]))
+    return PrefillIterations(
+        np.asarray([r[0] for r in rows], dtype=object),
+        *(np.asarray([r[k] for r in rows], dtype=float) for k in range(1, 5)),
+    )
 
 
 def overlap(requests: RequestTable) -> Overlap:
