@@ -14,7 +14,7 @@ from tracer import spans as s
 from tracer.sidecar import vllm
 
 T0 = 1_700_000_000_123_456_789
-QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.5, 0.2705, 1.7651
+QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.49, 0.2705, 1.7651
 
 
 def _send_vllm_span(endpoint: str) -> tuple[int, int]:
@@ -44,9 +44,12 @@ def test_vllm_request_span_gets_stage_children_with_exact_timings(make_sidecar, 
         assert stage.trace_id == f"{trace_id:032x}" and stage.parent_span_id == request.span_id
         assert stage.attributes[s.ATTR_POOL] == "prefill" and stage.attributes[s.ATTR_WORKER] == "vllm-p0"
         assert stage.resource["service.name"] == "vllm.llm_engine"
-    assert (queue.start_ns, queue.end_ns) == (T0, T0 + 12_500_000)
-    assert (prefill.start_ns, prefill.end_ns) == (T0 + 12_500_000, T0 + 262_500_000)
-    assert (decode.start_ns, decode.end_ns) == (T0 + 262_500_000, T0 + 1_762_500_000)
+    # Anchored on the front end's marks, with vLLM's own durations: prefill ends at arrival + TTFT, decode
+    # at arrival + e2e; the queue ends where prefill starts, and what is left before it is the front end's.
+    assert (prefill.start_ns, prefill.end_ns) == (T0 + 20_500_000, T0 + 270_500_000)
+    assert (queue.start_ns, queue.end_ns) == (T0 + 8_000_000, T0 + 20_500_000)
+    assert queue.attributes[s.ATTR_FRONTEND_S] == pytest.approx(0.008)
+    assert (decode.start_ns, decode.end_ns) == (T0 + 275_100_000, T0 + 1_765_100_000)
     assert prefill.attributes[s.ATTR_PREFILL_TOKENS] == 33 and decode.attributes[s.ATTR_OUTPUT_TOKENS] == 300
 
     registry = sidecar.registry

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracer.metrics import PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
+
 GAUGE = "gauge"
 COUNTER = "counter"
 HISTOGRAM = "histogram"
@@ -24,7 +26,9 @@ class FamilyMap:
     (e.g. bytes per transfer -> bytes total). Several source series that land on one target series are
     summed (`aggregate="sum"`) or the largest is kept (`"max"`, for ratios). `labels` are the target's
     label names, filled from: `pool`, `worker`, `mode` (configuration), `gen_ai_request_model` (the
-    source's model label), or `fixed`.
+    source's model label), `fixed`, or `copy` (target label -> the source label it takes its value from).
+    `unless` names a source family that, when the exposition has it, replaces this mapping (an engine
+    version with a better-fitting family).
     """
 
     source: str
@@ -35,6 +39,8 @@ class FamilyMap:
     match: dict[str, str] = field(default_factory=dict)
     from_sample: str = ""
     aggregate: str = "sum"
+    copy: dict[str, str] = field(default_factory=dict)
+    unless: str = ""
 
 
 _W = ("pool", "worker")
@@ -49,8 +55,13 @@ VLLM = (
     FamilyMap("vllm:gpu_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),  # vLLM < 0.10
     FamilyMap("vllm:prefix_cache_queries", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("vllm:prefix_cache_hits", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
-    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}),
+    # Prefill tokens computed, cache hits excluded (as our workers count them); older vLLM: every prompt token.
+    FamilyMap("vllm:request_prefill_kv_computed_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, from_sample="sum"),
+    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, unless="vllm:request_prefill_kv_computed_tokens"),
     FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    FamilyMap("vllm:iteration_tokens_total", STEP_TOKENS, HISTOGRAM, ("pool",)),
+    FamilyMap("vllm:num_preemptions", PREEMPTIONS, COUNTER, ("pool",)),
+    FamilyMap("vllm:request_success", REQUESTS_FINISHED, COUNTER, ("pool", "reason"), copy={"reason": "finished_reason"}),
     FamilyMap("vllm:request_queue_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "queue"}),
     FamilyMap("vllm:request_prefill_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "prefill"}),
     FamilyMap("vllm:request_decode_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "decode"}),

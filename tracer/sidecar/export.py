@@ -6,6 +6,8 @@ Per span:
 - vLLM's `llm_request` (vllm.py): exported unchanged, plus our stage spans under it; the stage spans
   and a metrics-only request span feed the metrics unless `vllm_span_metrics` is off (when the same
   families come from scraping vLLM's /metrics: one source per engine, docs/engines.md);
+- vLLM's proposed lifecycle spans (`vllm_queue`, `vllm_prefill`, ...): exported unchanged, each with our
+  stage span beside it, metered like the derived ones;
 - anything else: exported unchanged, no metrics.
 
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
@@ -102,6 +104,7 @@ class SpanExport:
         vllm = self.vllm
         out = []
         metered = []
+        resource: dict | None = None
         for span in batch.spans:
             if vllm is not None and vllm.matches(span):
                 out.append(span)
@@ -109,7 +112,17 @@ class SpanExport:
                 out.extend(stages)
                 if self.vllm_span_metrics:
                     metered.extend(stages)
-                    metered.append(vllm.request_metrics_span(span))
+                    if resource is None:
+                        resource = dict(batch.resource)
+                    metered.append(vllm.request_metrics_span(span, resource))
+                continue
+            if vllm is not None and vllm.is_lifecycle(span):
+                out.append(span)
+                stage = vllm.lifecycle_stage(span)
+                if stage is not None:
+                    out.append(stage)
+                    if self.vllm_span_metrics:
+                        metered.append(stage)
                 continue
             if is_ours(span):
                 metered.append(span)
