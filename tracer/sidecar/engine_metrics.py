@@ -55,9 +55,10 @@ VLLM = (
     FamilyMap("vllm:gpu_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),  # vLLM < 0.10
     FamilyMap("vllm:prefix_cache_queries", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("vllm:prefix_cache_hits", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
-    # Prefill tokens computed, cache hits excluded (as our workers count them); older vLLM: every prompt token.
-    FamilyMap("vllm:request_prefill_kv_computed_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, from_sample="sum"),
-    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, unless="vllm:request_prefill_kv_computed_tokens"),
+    # Prefill tokens computed, cache hits and pulled KV excluded, counted per step as our workers count them
+    # (vLLM >= 0.2x: prompt_tokens_by_source{source="local_compute"}); older vLLM: every prompt token.
+    FamilyMap("vllm:prompt_tokens_by_source", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, {"source": "local_compute"}),
+    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, unless="vllm:prompt_tokens_by_source"),
     FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
     FamilyMap("vllm:iteration_tokens_total", STEP_TOKENS, HISTOGRAM, ("pool",)),
     FamilyMap("vllm:num_preemptions", PREEMPTIONS, COUNTER, ("pool",)),
