@@ -17,12 +17,14 @@ T0 = 1_700_000_000_123_456_789
 QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.49, 0.2705, 1.7651
 
 
-def _send_vllm_span(endpoint: str) -> tuple[int, int]:
-    """One finished vLLM request span, as vLLM's OutputProcessor builds it; returns (trace id, span id)."""
+def _send_vllm_span(endpoint: str, model: str | None = "Qwen/Qwen3-0.6B") -> tuple[int, int]:
+    """One finished vLLM request span, as vLLM's OutputProcessor builds it; returns (trace id, span id).
+    vLLM before 0.1x set `gen_ai.response.model`; 0.32 does not (`model=None`)."""
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm.llm_engine"}))
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=endpoint, insecure=True)))
+    named = {vllm.ATTR_RESPONSE_MODEL: model} if model else {}
     span = provider.get_tracer("vllm.llm_engine").start_span("llm_request", kind=SpanKind.SERVER, start_time=T0, attributes={
-        vllm.ATTR_RESPONSE_MODEL: "Qwen/Qwen3-0.6B", vllm.ATTR_REQUEST_ID: "cmpl-1",
+        **named, vllm.ATTR_REQUEST_ID: "cmpl-1",
         vllm.ATTR_PROMPT_TOKENS: 33, vllm.ATTR_COMPLETION_TOKENS: 300,
         vllm.ATTR_TIME_IN_QUEUE: QUEUE_S, vllm.ATTR_TTFT: TTFT_S, vllm.ATTR_PREFILL: PREFILL_S,
         vllm.ATTR_DECODE: DECODE_S, vllm.ATTR_E2E: E2E_S, "gen_ai.request.max_tokens": 300,
