@@ -43,7 +43,7 @@ ATTR_ITL_MEAN_S = "splitscope.itl_mean_s"
 ATTR_POOL = "splitscope.pool"
 ATTR_WORKER = "splitscope.worker"
 ATTR_TIMING_SOURCE = "splitscope.timing.source"
-# On a queue span adapted from an engine's request span: seconds from the request's arrival at the
+# On the first stage span adapted from an engine's request span: seconds from the request's arrival at the
 # engine's front end until its scheduler queued it (tokenisation, IPC), outside every stage.
 ATTR_FRONTEND_S = "splitscope.frontend_s"
 ATTR_PREFILL_TOKENS = "splitscope.prefill.tokens"

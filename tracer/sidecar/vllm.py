@@ -16,9 +16,11 @@ SCHEDULED, first and last token). The engine core queues a request some millisec
 
 The `llm_request` span itself is passed through unchanged (it is the request span). Stage spans carry
 `splitscope.pool` / `splitscope.worker` from the sidecar's `--pool` / `--worker` and
-`splitscope.timing.source=host`. On a decode instance of a P/D pair (`--pool decode`), vLLM's
-"prefill" interval is the wait for the remote KV cache plus the first forward pass: it becomes
-`splitscope.kv_transfer` there (docs/engines.md). A metrics-only request span (sampled False) carries
+`splitscope.timing.source=host`. On the decode instance of a P/D pair (`--pool decode`) vLLM's
+"queue" is the wait for the prefilled KV cache to arrive: it becomes `splitscope.kv_transfer` there,
+and the decode starts at the first forward pass (docs/engines.md). The prefill instance's request (one
+output token) gets queue and prefill only. Both halves keep the proxy's trace id, so one trace holds
+queue and prefill (prefill pool), kv_transfer and decode (decode pool). A metrics-only request span (sampled False) carries
 TTFT and e2e for the gen_ai_server_* histograms, labelled with the model (`ModelNames`).
 
 vLLM's proposed lifecycle spans (`vllm_queue`, `vllm_async_kv_transfer`, `vllm_prefill`,
@@ -145,30 +147,45 @@ class VllmAdapter:
         output_tokens = _int(attrs.get(ATTR_COMPLETION_TOKENS))
         queue_s, prefill_s, decode_s = (_seconds(attrs.get(k)) for k in (ATTR_TIME_IN_QUEUE, ATTR_PREFILL, ATTR_DECODE))
         ttft_s, e2e_s = _seconds(attrs.get(ATTR_TTFT)), _seconds(attrs.get(ATTR_E2E))
-        # On a P/D decode instance, time to "first token" is spent pulling the prefilled KV cache.
-        first_token_stage = s.SPAN_KV_TRANSFER if self.pool == "decode" else s.SPAN_PREFILL
-        intervals: list[tuple[str, int, int, dict[str, Any]]] = []
-        if ttft_s is None:
-            # No front-end anchor: stages laid end to end from arrival (older vLLM).
+        # (stage, start, end) on vLLM's own timeline; None where vLLM did not report it.
+        queue: tuple[int, int] | None = None
+        prefill: tuple[int, int] | None = None
+        decode: tuple[int, int] | None = None
+        if ttft_s is None:  # no front-end anchor (older vLLM): stages laid end to end from arrival
             cursor = arrival_ns
-            for name, seconds in ((s.SPAN_QUEUE, queue_s), (first_token_stage, prefill_s), (s.SPAN_DECODE, decode_s)):
-                if seconds is not None:
-                    intervals.append((name, cursor, cursor + _ns(seconds), {}))
-                    cursor += _ns(seconds)
+            laid = []
+            for seconds in (queue_s, prefill_s, decode_s):
+                laid.append(None if seconds is None else (cursor, cursor + _ns(seconds)))
+                cursor += _ns(seconds or 0.0)
+            queue, prefill, decode = laid
         else:
             first_token_ns = arrival_ns + _ns(ttft_s)
             prefill_start_ns = max(arrival_ns, first_token_ns - _ns(prefill_s or 0.0))
             queue_start_ns = max(arrival_ns, prefill_start_ns - _ns(queue_s or 0.0))
-            if queue_s is not None:
-                frontend = {s.ATTR_FRONTEND_S: (queue_start_ns - arrival_ns) / 1e9}
-                intervals.append((s.SPAN_QUEUE, queue_start_ns, prefill_start_ns, frontend))
-            if prefill_s is not None:
-                intervals.append((first_token_stage, prefill_start_ns, first_token_ns, {}))
+            queue = None if queue_s is None else (queue_start_ns, prefill_start_ns)
+            prefill = None if prefill_s is None else (prefill_start_ns, first_token_ns)
             if decode_s is not None and e2e_s is not None and (output_tokens > 1 or decode_s > 0):
                 end_ns = arrival_ns + _ns(e2e_s)
-                intervals.append((s.SPAN_DECODE, max(first_token_ns, end_ns - _ns(decode_s)), end_ns, {}))
+                decode = (max(first_token_ns, end_ns - _ns(decode_s)), end_ns)
+        intervals: list[tuple[str, tuple[int, int] | None]]
+        if self.pool == "decode":
+            # A P/D decode instance (vLLM 0.32 scheduler): a request whose KV cache is pulled from the prefill
+            # instance waits in WAITING_FOR_REMOTE_KVS and is stamped SCHEDULED only once the KV has arrived,
+            # so vLLM's "queue" there is the block allocation plus the transfer, and its "prefill" is the first
+            # forward pass over the last prompt token, which starts the decode.
+            if decode is not None and prefill is not None:
+                decode = (prefill[0], decode[1])
+            intervals = [(s.SPAN_KV_TRANSFER, queue), (s.SPAN_DECODE, decode or prefill)]
+        else:
+            intervals = [(s.SPAN_QUEUE, queue), (s.SPAN_PREFILL, prefill), (s.SPAN_DECODE, decode)]
         out = []
-        for name, start_ns, end_ns, extra in intervals:
+        for name, interval in intervals:
+            if interval is None:
+                continue
+            start_ns, end_ns = interval
+            extra: dict[str, Any] = {}
+            if not out and ttft_s is not None:  # the first stage: what lies before it is the front end's
+                extra[s.ATTR_FRONTEND_S] = (start_ns - arrival_ns) / 1e9
             stage_attrs = {**self._common(), **extra}
             if name == s.SPAN_PREFILL:
                 stage_attrs[s.ATTR_PREFILL_TOKENS] = prompt_tokens
