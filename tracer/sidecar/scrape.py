@@ -144,10 +144,11 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
             if sample.name != wanted or math.isnan(sample.value):
                 continue
             key = _target_labels(m, _series_labels(sample), config)
+            value = sample.value * m.scale
             if key in target.values and m.aggregate == "max":
-                target.values[key] = max(target.values[key], sample.value)
+                target.values[key] = max(target.values[key], value)
             else:
-                target.values[key] = target.values.get(key, 0.0) + sample.value
+                target.values[key] = target.values.get(key, 0.0) + value
         return
     # Histogram: gather each source series, then add it into its target series if the buckets agree.
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
@@ -155,11 +156,11 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
         labels = _series_labels(sample)
         h = series.setdefault(tuple(sorted(labels.items())), {"labels": labels, "buckets": {}, "count": 0.0, "sum": 0.0})
         if sample.name == family.name + "_bucket":
-            h["buckets"][_le(sample.labels["le"])] = sample.value
+            h["buckets"][_le(sample.labels["le"], m.scale)] = sample.value
         elif sample.name == family.name + "_count":
             h["count"] = sample.value
         elif sample.name == family.name + "_sum":
-            h["sum"] = sample.value
+            h["sum"] = sample.value * m.scale
     for h in series.values():
         if "+Inf" not in h["buckets"]:
             continue  # not a complete histogram series
@@ -176,10 +177,11 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
             log.warning("splitscope sidecar: %s series with other buckets than %s; left out", family.name, m.target)
 
 
-def _le(value: str) -> str:
-    """Bucket bounds in Prometheus' canonical float text ('1.0', '+Inf'), whatever the engine wrote."""
+def _le(value: str, scale: float = 1.0) -> str:
+    """Bucket bounds in Prometheus' canonical float text ('1.0', '+Inf'), whatever the engine wrote,
+    times `scale` (unit conversion), rounded to 12 significant digits so 5 ms reads 0.005, not 0.005000000000000001."""
     bound = float(value)
-    return "+Inf" if math.isinf(bound) else repr(bound)
+    return "+Inf" if math.isinf(bound) else repr(float(f"{bound * scale:.12g}"))
 
 
 def served_models(text: str) -> list[str]:

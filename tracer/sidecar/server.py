@@ -31,6 +31,7 @@ from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_grpc import start_grpc_server
 from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
 from tracer.sidecar.scrape import EngineScraper, merged_registry
+from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
 
@@ -94,7 +95,9 @@ class Sidecar:
                 configured=config.model, scraped=lambda: [m for x in self.scrapers if x.engine == "vllm" for m in x.models],
             )),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
-            vllm_span_metrics="vllm" not in scraped_engines, on_error=self._count_drop,
+            vllm_span_metrics="vllm" not in scraped_engines,
+            sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
+            on_error=self._count_drop,
         )  # fmt: skip
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None
