@@ -45,7 +45,7 @@ class SglangAdapter:
     """`pool`/`worker` name the SGLang node's role. Export thread only; remembers at most `max_traces`
     recent traces (oldest forgotten) to keep one span per stage."""
 
-    pool: str = "colocated"
+    pool: str = s.Pool.COLOCATED
     worker: str = "sglang"
     max_traces: int = 65_536
     _made: OrderedDict[int, set[str]] = field(default_factory=OrderedDict, repr=False)
@@ -67,6 +67,6 @@ class SglangAdapter:
         return s.SpanData(
             name=name, kind=s.KIND_INTERNAL, trace_id=span.trace_id, span_id=s.new_span_id(),
             parent_span_id=span.parent_span_id, start_ns=span.start_ns, end_ns=span.end_ns,
-            attributes={s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: "host"},
+            attributes={s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST},
             error_type=span.error_type,
         )  # fmt: skip

@@ -122,9 +122,9 @@ class LifecycleTraces:
 class VllmAdapter:
     """`pool`/`worker` name the engine's role; `mode` labels the request metrics. Export thread only."""
 
-    pool: str = "colocated"
+    pool: str = s.Pool.COLOCATED
     worker: str = "vllm"
-    mode: str = "colocated"
+    mode: str = s.Mode.COLOCATED
     models: ModelNames = field(default_factory=ModelNames)
     lifecycle: LifecycleTraces = field(default_factory=LifecycleTraces)
 
@@ -135,7 +135,7 @@ class VllmAdapter:
         return span.name in LIFECYCLE_STAGES
 
     def _common(self) -> dict[str, Any]:
-        return {s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: "host"}
+        return {s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST}
 
     def stage_spans(self, span: s.SpanData) -> list[s.SpanData]:
         """The stage spans under `span` (exported and metered), in stage order; missing stages skipped."""
@@ -168,7 +168,7 @@ class VllmAdapter:
                 end_ns = arrival_ns + _ns(e2e_s)
                 decode = (max(first_token_ns, end_ns - _ns(decode_s)), end_ns)
         intervals: list[tuple[str, tuple[int, int] | None]]
-        if self.pool == "decode":
+        if self.pool == s.Pool.DECODE:
             # A P/D decode instance (vLLM 0.32 scheduler): a request whose KV cache is pulled from the prefill
             # instance waits in WAITING_FOR_REMOTE_KVS and is stamped SCHEDULED only once the KV has arrived,
             # so vLLM's "queue" there is the block allocation plus the transfer, and its "prefill" is the first
