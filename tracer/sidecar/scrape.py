@@ -8,7 +8,10 @@ valid histogram on its own, and PromQL's histogram_quantile works per series (do
 
 `MergedCollector` yields our catalogue's families and the scraped ones as one exposition: a family both
 produce is written once, and a scraped series whose labels the catalogue already has is left out (the
-catalogue wins), so the exposition never repeats a family or a series.
+catalogue wins), so the exposition never repeats a family or a series. It ends with the scrapes' health,
+`splitscope_engine_scrape_up{engine}` and `splitscope_engine_scrape_duration_seconds{engine}`: an engine
+that is down has no mapped series at all (nothing reads as measured), and its failure and its recovery
+are logged once each.
 """
 
 from __future__ import annotations
