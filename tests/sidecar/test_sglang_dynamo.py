@@ -66,6 +66,7 @@ def test_sglang_slices_become_our_stages_beside_them(make_sidecar, tmp_path):
     assert all(x.parent_span_id in threads for x in ours.values())  # beside the slice, under its thread
     assert ours[(s.SPAN_PREFILL, "prefill")].attributes[s.ATTR_WORKER] == "sgl-p0"
     # Metered from the spans (no SGLang scrape on these sidecars).
+    assert prefill_side.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "decode", "pool": "prefill"}) == 0
     assert prefill_side.registry.get_sample_value("splitscope_stage_duration_seconds_sum", {"stage": "prefill", "pool": "prefill"}) == pytest.approx(0.040)
     assert decode_side.registry.get_sample_value("splitscope_stage_duration_seconds_sum", {"stage": "kv_transfer", "pool": "decode"}) == pytest.approx(0.019)
 
@@ -107,3 +108,15 @@ def test_dynamo_router_transfer_estimate_is_the_kv_transfer_stage():
     assert _value(f, stage, stage + "_bucket", stage="kv_transfer", pool="decode", le="0.01") == 3
     # The frontend's TTFT family is still mapped beside it.
     assert f["gen_ai_server_time_to_first_token_seconds"].samples
+
+
+def test_both_nodes_through_one_sidecar_keep_each_nodes_stages(make_sidecar, tmp_path):
+    sidecar = make_sidecar(grpc_port=None, pool="decode")  # its pool labels every stage it makes
+    endpoint = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
+    trace_id = _send_node(endpoint, "prefill", PREFILL_SLICES)
+    room = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
+        trace_id, 0x42, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    _send_node(endpoint, "decode", DECODE_SLICES, room)
+    spans = spans_when(tmp_path / "traces.jsonl", 4 + len(PREFILL_SLICES) + len(DECODE_SLICES) + 6)
+    queues = sorted((x.start_ns - T0) // MS for x in spans if x.name == s.SPAN_QUEUE)
+    assert queues == [9, 71]  # prefill_waiting and decode_waiting: one per node

@@ -15,9 +15,9 @@ one of our stages, with their interval in SGLang's own time stats:
     decode_transferred         decode node: transfer queue -> wait    splitscope.kv_transfer
 
 Each slice is exported unchanged and our span is added under the slice's parent with the slice's times
-(`splitscope.timing.source=host`, pool and worker from `--pool` / `--worker`). One stage per trace and
-worker: when two slices map to the same stage (decode_forward and decode_loop at level 3), the first
-one seen wins. Not mapped: tokenize, dispatch, request_process, prefill_prepare / prefill_bootstrap /
+(`splitscope.timing.source=host`, pool and worker from `--pool` / `--worker`). One stage per thread
+span (one node's scheduler): when two of its slices map to the same stage (decode_forward and decode_loop
+at level 3), the first one seen wins; a prefill and a decode node sending to one sidecar each get theirs. Not mapped: tokenize, dispatch, request_process, prefill_prepare / prefill_bootstrap /
 decode_prepare / decode_bootstrap (bootstrap handshake and KV allocation: no counterpart in our stages;
 they stay visible as SGLang's own slices), chunked_prefill (sub-slices of prefill_forward).
 """
@@ -43,22 +43,23 @@ SLICE_STAGES = {
 @dataclass
 class SglangAdapter:
     """`pool`/`worker` name the SGLang node's role. Export thread only; remembers at most `max_traces`
-    recent traces (oldest forgotten) to keep one span per stage."""
+    recent (trace, thread) pairs (oldest forgotten) to keep one span per stage."""
 
     pool: str = s.Pool.COLOCATED
     worker: str = "sglang"
     max_traces: int = 65_536
-    _made: OrderedDict[int, set[str]] = field(default_factory=OrderedDict, repr=False)
+    _made: OrderedDict[tuple[int, int], set[str]] = field(default_factory=OrderedDict, repr=False)
 
     def matches(self, span: s.SpanData) -> bool:
         return span.name in SLICE_STAGES
 
     def stage_span(self, span: s.SpanData) -> s.SpanData | None:
-        """Our stage span for one SGLang slice, or None when this trace already has that stage."""
+        """Our stage span for one SGLang slice, or None when this node's thread already has that stage."""
         name = SLICE_STAGES[span.name]
-        made = self._made.get(span.trace_id)
+        key = (span.trace_id, span.parent_span_id)  # one thread of one node: a node's slices share it
+        made = self._made.get(key)
         if made is None:
-            made = self._made[span.trace_id] = set()
+            made = self._made[key] = set()
             if len(self._made) > self.max_traces:
                 self._made.popitem(last=False)
         if name in made:
