@@ -23,6 +23,8 @@ from pathlib import Path
 
 import promql_parser
 import pytest
+from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
+from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
 from alerts.rules import RULES_PATH
@@ -33,7 +35,9 @@ from tests.engines.processes import ChildProcess, splitscope, vllm_python
 from tests.prom import running_prometheus
 from tracer import spans as s
 from tracer.metrics import ENGINE_SCRAPE_UP, PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
+from tracer.otel import to_readable_span
 from tracer.sidecar import vllm
+from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.traces import Span, iter_spans
 
 MODEL = "tiny-llama"
@@ -262,6 +266,41 @@ def test_dashboard_panels_fed_by_vllm_return_data_in_prometheus(stack: Stack) ->
         if pending:
             time.sleep(0.5)  # poll interval: Prometheus scrapes every second
     assert sorted(pending) == [], "panels fed by vLLM's data without data"
+
+
+def test_without_a_scrape_vllms_spans_feed_the_metrics_with_the_model_flag(stack: Stack, tmp_path: Path) -> None:
+    # The stack's sidecar takes every vLLM family from the scrape; here vLLM's own `llm_request` spans, as
+    # vLLM sent them, go to a sidecar with no scrape and `--model`: the request and stage metrics come from
+    # the spans, labelled with that model, and agree with vLLM's own /metrics; no gauge reads as measured.
+    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=0, traces_file=str(tmp_path / "t.jsonl"), gpu=False,
+                                    environ={}, worker="vllm-0", model=MODEL)).start()  # fmt: skip
+    try:
+        requests = [x for x in stack.spans if x.name == vllm.SPAN_NAME]
+        exporter = GrpcSpanExporter(endpoint=f"127.0.0.1:{sidecar.grpc_port}", insecure=True)
+        exporter.export([to_readable_span(s.SpanData(
+            x.name, x.kind, int(x.trace_id, 16), int(x.span_id, 16), int(x.parent_span_id or "0", 16),
+            x.start_ns, x.end_ns, x.attributes,
+        ), Resource(x.resource)) for x in requests])  # fmt: skip
+        exporter.shutdown()
+        registry = sidecar.registry
+        model = {"gen_ai_request_model": MODEL, "mode": "colocated"}
+        count = "gen_ai_server_time_to_first_token_seconds_count"
+        wait_for(lambda: registry.get_sample_value(count, model) == REQUESTS, 30, "the replayed spans metered")
+        engine = _families(stack.vllm_url + "/metrics")
+        for ours, theirs in (
+            ("gen_ai_server_time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds"),
+            ("gen_ai_server_request_duration_seconds_sum", "vllm:e2e_request_latency_seconds"),
+        ):
+            assert registry.get_sample_value(ours, model) == pytest.approx(_sum(engine, theirs, theirs + "_sum"), rel=1e-6)
+        stage = "splitscope_stage_duration_seconds_sum"
+        for name, theirs in (("queue", "vllm:request_queue_time_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
+            assert registry.get_sample_value(stage, {"stage": name, "pool": "colocated"}) == pytest.approx(
+                _sum(engine, theirs, theirs + "_sum"), abs=1e-6 * REQUESTS)  # fmt: skip
+        exposed = {f.name: f for f in registry.collect()}
+        for gauge in ("splitscope_requests_waiting", "splitscope_requests_running", "splitscope_kv_cache_usage_ratio"):
+            assert not exposed[gauge].samples, gauge
+    finally:
+        sidecar.stop(2.0)
 
 
 # Recording rules vLLM's data feeds through the sidecar (the others need step records, busy time, a split
