@@ -90,16 +90,12 @@ def _request(attributes: dict) -> s.SpanData:
     return s.SpanData(vllm.SPAN_NAME, s.KIND_SERVER, 7, 8, 0, 1_000, 2_000, {vllm.ATTR_E2E: 1e-6, **attributes})
 
 
-def test_model_label_order_span_then_scrape_then_flag_then_resource(caplog):
+def test_model_label_order_span_then_flag_then_resource(caplog):
     resource = {s.ATTR_MODEL: "from-resource"}
-    scraped: list[str] = []
-    names = vllm.ModelNames(configured="from-flag", scraped=lambda: scraped)
+    names = vllm.ModelNames(configured="from-flag")
     assert names.for_span(_request({vllm.ATTR_RESPONSE_MODEL: "from-span"}), resource) == "from-span"
-    scraped.append("from-scrape")
-    assert names.for_span(_request({}), resource) == "from-scrape"
-    scraped.append("another")  # two models behind one scrape: it cannot say which
     assert names.for_span(_request({}), resource) == "from-flag"
-    assert vllm.ModelNames(scraped=lambda: ()).for_span(_request({}), resource) == "from-resource"
+    assert vllm.ModelNames().for_span(_request({}), resource) == "from-resource"
 
     caplog.set_level(logging.WARNING, logger="tracer.sidecar.vllm")
     unknown = vllm.ModelNames()

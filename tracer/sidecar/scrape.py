@@ -187,19 +187,10 @@ def _le(value: str, scale: float = 1.0) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(f"{bound * scale:.12g}"))
 
 
-def served_models(text: str) -> list[str]:
-    """The model names an engine exposition labels its series with (`model_name` / `model`), sorted."""
-    names = set()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            names.update(sample.labels[k] for k in MODEL_LABELS if sample.labels.get(k))
-    return sorted(names)
-
-
 class EngineScraper:
     """Collector for one engine endpoint. `collect` runs on whatever thread renders /metrics (blocking
-    up to `timeout_s`); it records whether that scrape worked (`up`), how long it took
-    (`duration_s`) and the model names the engine reported (`models`), read from any thread."""
+    up to `timeout_s`); it records whether that scrape worked (`up`) and how long it took
+    (`duration_s`), read from any thread."""
 
     def __init__(self, url: str, engine: str, *, pool: str, worker: str, mode: str, timeout_s: float = 2.0) -> None:
         if engine not in ENGINES:
@@ -211,14 +202,12 @@ class EngineScraper:
         self.last_error = ""
         self.up: bool | None = None  # None: never scraped
         self.duration_s = 0.0
-        self.models: list[str] = []
 
     def collect(self) -> Iterator[Metric]:
         started = time.perf_counter()
         try:
             text = fetch(self.url, self.timeout_s)
             families = map_families(text, self.engine, pool=self.pool, worker=self.worker, mode=self.mode)
-            self.models = served_models(text) or self.models
         except (ScrapeError, ValueError) as exc:
             self.duration_s = time.perf_counter() - started
             if str(exc) != self.last_error:  # one line per change of state, not per scrape

@@ -92,9 +92,7 @@ class Sidecar:
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
             processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n)),
-            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(
-                configured=config.model, scraped=lambda: [m for x in self.scrapers if x.engine == "vllm" for m in x.models],
-            )),
+            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(config.model)),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines,
             sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,22 +66,18 @@ RESOURCE_MODEL_KEYS = (s.ATTR_MODEL, ATTR_RESPONSE_MODEL)
 
 @dataclass
 class ModelNames:
-    """The model label of a vLLM request, in order: the span's own `gen_ai.response.model` (vLLM 0.32
-    sends none), the model the engine's scraped /metrics names (`scraped()`, exactly one), the
-    sidecar's `--model`, the resource's `gen_ai.request.model`; else "unknown", said once in the log.
-    `for_span` runs on the export thread."""
+    """The model label of request metrics made from vLLM's spans, in order: the span's own
+    `gen_ai.response.model` (vLLM 0.32 sends none), the sidecar's `--model`, the resource's
+    `gen_ai.request.model`; else "unknown", said once in the log. (With `--scrape vllm=...` the request
+    metrics come from the scrape instead, labelled by vLLM's own `model_name`.) Export thread only."""
 
     configured: str = ""
-    scraped: Callable[[], Sequence[str]] = lambda: ()
     _warned: bool = field(default=False, repr=False)
 
     def for_span(self, span: s.SpanData, resource: dict[str, Any]) -> str:
         own = span.attributes.get(ATTR_RESPONSE_MODEL) or span.attributes.get(s.ATTR_MODEL)
         if isinstance(own, str) and own:
             return own
-        scraped = list(self.scraped())
-        if len(scraped) == 1:
-            return scraped[0]
         if self.configured:
             return self.configured
         for key in RESOURCE_MODEL_KEYS:
