@@ -138,8 +138,8 @@ class Catalogue:
             ["pool", "reason"], registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
-        for reason in DropReason:
-            self.tracer_dropped.labels(reason=reason)
+        for drop_reason in DropReason:
+            self.tracer_dropped.labels(reason=drop_reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
 

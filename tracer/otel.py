@@ -80,7 +80,7 @@ def to_readable_span(data: SpanData, resource: Resource) -> ReadableSpan:
     )
 
 
-def otlp_exporter_from_env(environ: dict[str, str] | None = None) -> SpanExporter | None:
+def otlp_exporter_from_env(environ: Mapping[str, str] | None = None) -> SpanExporter | None:
     """The OTLP span exporter the OTEL_* variables ask for, or None when no endpoint is set."""
     env = os.environ if environ is None else environ
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -196,7 +196,7 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.emitted = 0
-        self._convert = {
+        self._convert: dict[int, Callable[[Any, Interval], s.SpanData]] = {
             KIND_STAGE: span_builder.stage,
             KIND_STAGE_WALL: span_builder.stage,
             KIND_DECODE: span_builder.decode,

@@ -95,7 +95,7 @@ class RequestRecord(NamedTuple):
     error_type: str
 
 
-RECORD_TYPES = {
+RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view
     KIND_STAGE: StageRecord,
     KIND_STAGE_WALL: StageRecord,
     KIND_DECODE: DecodeRecord,

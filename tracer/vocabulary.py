@@ -79,7 +79,7 @@ SPAN_DECODE = "splitscope.decode"
 SPAN_STEP = "splitscope.step"
 EVENT_DECODE_STALL = "splitscope.decode.stall"
 
-STAGE_SPAN_NAMES = {
+STAGE_SPAN_NAMES: dict[str, str] = {
     Stage.QUEUE: SPAN_QUEUE,
     Stage.PREFILL: SPAN_PREFILL,
     Stage.KV_TRANSFER: SPAN_KV_TRANSFER,
