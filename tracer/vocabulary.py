@@ -103,6 +103,9 @@ ATTR_ITL_MEAN_S = "splitscope.itl_mean_s"
 ATTR_POOL = "splitscope.pool"
 ATTR_WORKER = "splitscope.worker"
 ATTR_TIMING_SOURCE = "splitscope.timing.source"
+# On the first stage span the sidecar adapts from an engine's request span: seconds from the request's
+# arrival at the engine's front end until its scheduler queued it (tokenisation, IPC), outside every stage.
+ATTR_FRONTEND_S = "splitscope.frontend_s"
 ATTR_PREFILL_TOKENS = "splitscope.prefill.tokens"
 ATTR_PREFILL_CACHED_TOKENS = "splitscope.prefill.cached_tokens"
 ATTR_PREFILL_CHUNKS = "splitscope.prefill.chunks"
