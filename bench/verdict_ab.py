@@ -1,0 +1,390 @@
+"""The verdict against the real server: predicted goodput per layout, then each layout served and measured.
+
+For each workload shape, on the reference server (CPU, `small` preset, the same worker count for every
+layout):
+
+1. serve it colocated with traces on, drive the shape at a rate below capacity, and build the report
+   from that ONE run: its predicted goodput (requests/s per GPU meeting both SLOs at 90% attainment) for
+   colocated, chunked prefill (the best budget it simulated) and every P:D split of the worker count;
+2. serve each of those layouts for real and measure its goodput with a rate search driven by
+   `tracer.load` (open loop): the highest rate whose SLO attainment is at least the report's target.
+
+One shape, one schedule: the shape's arrivals (Poisson, plus bursts of long prompts) and lengths are
+drawn once from a seed, and every rate replays that same schedule with its times stretched to the rate,
+which is what the report's own search does to the traced requests (common random numbers). The rate
+search starts at the layout's predicted rate and steps by a factor (`--step`, default 1.25) until
+attainment crosses the target, then bisects once geometrically: the measured goodput is known to within
+a factor sqrt(step) (about +-6% at 1.25), which is the resolution the table states.
+
+Measured goodput is the report's definition, so the two are comparable: a rate per GPU at which at least
+90% of the requests meet both SLOs (time to first token, and each request's p99 inter-token gap), over a
+run of `--requests` requests; the report is asked to simulate runs of the same length.
+
+Run: `python bench/verdict_ab.py` (both shapes, about 15 minutes on an idle 2-core CPU machine), or
+`--shape chat` for one. `--json FILE` writes every measured point. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from reference_server.launch import ServeConfig
+from reference_server.process import ServerProcess
+from tracer.load import SLO as LoadSLO
+from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
+from tracer.load.workload import build_schedule
+from tracer.report.build import OptionResult, Report, ReportOptions, build_report
+from tracer.report.simulate import SLO
+
+PRESET = "small"
+MAX_BATCH = ServeConfig.max_batch
+DEFAULT_STEP = 1.25
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A workload shape: a Poisson stream of short requests, optionally with bursts of long prompts.
+
+    `base_rate_rps` and the burst period fix the shape's mix at one total rate; every other rate replays
+    the same schedule stretched in time. `traced_rate_rps` is the total rate of the traced colocated run.
+    """
+
+    name: str
+    prompt_tokens: int
+    output_tokens: int
+    base_rate_rps: float
+    traced_rate_rps: float
+    burst: BurstSpec | None = None
+    slo_ttft_s: float = 2.0
+    slo_itl_s: float = 0.1
+    seed: int = 11
+
+    @property
+    def slo(self) -> SLO:
+        return SLO(ttft_s=self.slo_ttft_s, itl_s=self.slo_itl_s)
+
+
+SHAPES = {
+    # Short chats: every prompt is short, so a prefill joining a decode step costs little; splitting
+    # leaves one of two workers prefilling short prompts and mostly idle.
+    "chat": Shape("chat", prompt_tokens=128, output_tokens=64, base_rate_rps=4.0, traced_rate_rps=2.0),
+    # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
+    # step stalls every decode beside it past the inter-token objective.
+    "bursts": Shape("bursts", prompt_tokens=64, output_tokens=64, base_rate_rps=2.0, traced_rate_rps=1.0,
+                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1536)),  # fmt: skip
+}
+
+
+@dataclass
+class Point:
+    rate_rps: float
+    attainment: float
+    ok: int
+    errors: int
+    ttft_p90_s: float | None
+    itl_p99_p90_s: float | None  # p90 over requests of each request's p99 gap
+    wall_s: float
+
+
+@dataclass
+class Measured:
+    rate_rps: float  # highest passing total rate (0.0: none passed down to the floor)
+    failed_rate_rps: float  # lowest failing rate above it (inf: none failed up to the ceiling)
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def per_gpu(self) -> float:
+        return self.rate_rps
+
+
+@dataclass
+class Row:
+    label: str
+    serve_args: list[str]
+    predicted_per_gpu: float
+    measured_per_gpu: float = float("nan")
+    measured_bracket_per_gpu: tuple[float, float] = (float("nan"), float("nan"))
+    points: list[Point] = field(default_factory=list)
+
+    @property
+    def error(self) -> float:
+        if not self.measured_per_gpu or math.isnan(self.measured_per_gpu):
+            return float("nan")
+        return (self.predicted_per_gpu - self.measured_per_gpu) / self.measured_per_gpu
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------- schedules
+
+
+def base_schedule(shape: Shape, requests: int) -> list[dict]:
+    """The shape's `requests` arrivals and lengths at its base rate (replay-file entries, times from 0)."""
+    config = LoadConfig(
+        url="http://127.0.0.1:1", model=PRESET, rate_rps=shape.base_rate_rps, requests=requests,
+        prompt=LengthSpec(shape.prompt_tokens), output=LengthSpec(shape.output_tokens), burst=shape.burst, seed=shape.seed,
+    )  # fmt: skip
+    return [
+        {"arrival_s": p.arrival_s, "prompt_tokens": p.prompt_tokens, "output_tokens": p.output_tokens}
+        for p in build_schedule(config)
+    ]
+
+
+def schedule_rate_rps(schedule: list[dict]) -> float:
+    """Mean total arrival rate the way the report counts it: (n - 1) / (last arrival - first)."""
+    span_s = schedule[-1]["arrival_s"] - schedule[0]["arrival_s"]
+    return (len(schedule) - 1) / span_s
+
+
+def stretched(schedule: list[dict], rate_rps: float) -> list[dict]:
+    """The same requests with arrival times scaled to a mean total rate of `rate_rps` (first at 0)."""
+    scale = schedule_rate_rps(schedule) / rate_rps
+    first = schedule[0]["arrival_s"]
+    return [{**entry, "arrival_s": (entry["arrival_s"] - first) * scale} for entry in schedule]
+
+
+def run_schedule(url: str, schedule: list[dict], shape: Shape, workdir: Path, seed: int) -> Point:
+    """Drive `schedule` at `url` (open loop) and summarise it against the shape's SLOs."""
+    replay = workdir / "replay.jsonl"
+    replay.write_text("".join(json.dumps(entry) + "\n" for entry in schedule))
+    result = run_load_sync(LoadConfig(
+        url=url, model=PRESET, replay_path=str(replay), slo=LoadSLO(ttft_s=shape.slo_ttft_s, itl_s=shape.slo_itl_s),
+        seed=seed, timeout_s=120.0,
+    ))  # fmt: skip
+    s = result.summary
+    ttft = [r.ttft_s for r in result.records if r.ttft_s is not None]
+    itl = [float(np.percentile(r.itl_s, 99)) for r in result.records if r.itl_s]
+    return Point(
+        rate_rps=schedule_rate_rps(schedule), attainment=s.attainment or 0.0, ok=s.ok, errors=s.errors,
+        ttft_p90_s=float(np.percentile(ttft, 90)) if ttft else None,
+        itl_p99_p90_s=float(np.percentile(itl, 90)) if itl else None, wall_s=s.wall_s,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------- the search
+
+
+def search_rate(passes: Callable[[float], bool], start_rps: float, step: float, floor_rps: float,
+                ceiling_rps: float) -> tuple[float, float]:  # fmt: skip
+    """(highest passing rate, lowest failing rate above it) found by stepping from `start_rps` by `step`
+    until the outcome flips, then one geometric bisection. (0, x): nothing passed down to `floor_rps`;
+    (x, inf): nothing failed up to `ceiling_rps`."""
+    rate = min(max(start_rps, floor_rps), ceiling_rps)
+    if passes(rate):
+        low, high = rate, math.inf
+        while low * step <= ceiling_rps:
+            if not passes(low * step):
+                high = low * step
+                break
+            low *= step
+        if math.isinf(high):
+            return low, high
+    else:
+        low, high = 0.0, rate
+        while high / step >= floor_rps:
+            if passes(high / step):
+                low = high / step
+                break
+            high /= step
+        if low == 0.0:
+            return low, high
+    middle = math.sqrt(low * high)
+    if passes(middle):
+        return middle, high
+    return low, middle
+
+
+def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], start_rps: float, step: float,
+                   attainment: float, workdir: Path, gpus: int) -> Measured:  # fmt: skip
+    """Serve one layout and search its goodput (total requests/s); every tried rate is recorded."""
+    points: list[Point] = []
+    floor_rps = schedule_rate_rps(schedule) / 16
+    ceiling_rps = schedule_rate_rps(schedule) * 8
+    with ServerProcess(["--preset", PRESET, "--max-batch", str(MAX_BATCH), *serve_args],
+                       log_path=workdir / "server.log") as server:  # fmt: skip
+        warm = stretched(schedule, schedule_rate_rps(schedule))[:2]
+        run_schedule(server.url, warm, shape, workdir, seed=shape.seed)  # first requests pay for warm-up
+
+        def passes(rate_rps: float) -> bool:
+            point = run_schedule(server.url, stretched(schedule, rate_rps), shape, workdir, seed=shape.seed)
+            points.append(point)
+            log(f"  {rate_rps / gpus:.3f} req/s/GPU: attainment {point.attainment:.0%} "
+                f"(TTFT p90 {_ms(point.ttft_p90_s)} ms, ITL p99 p90 {_ms(point.itl_p99_p90_s)} ms, {point.wall_s:.0f} s)")  # fmt: skip
+            return point.attainment >= attainment
+
+        low, high = search_rate(passes, start_rps, step, floor_rps, ceiling_rps)
+    return Measured(low, high, points)
+
+
+def _ms(value_s: float | None) -> str:
+    return "-" if value_s is None else f"{value_s * 1e3:.0f}"
+
+
+# --------------------------------------------------------------------------------------- the report
+
+
+def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Path, confidence: int) -> Report:
+    """Serve colocated with traces, drive the shape at its traced rate, and report on that one run."""
+    traces = workdir / "traces.jsonl"
+    args = ["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--mode", "colocated", "--workers", str(workers),
+            "--traces-file", str(traces)]  # fmt: skip
+    with ServerProcess(args, log_path=workdir / "server.log") as server:
+        run_schedule(server.url, stretched(schedule, shape.traced_rate_rps)[:2], shape, workdir, seed=shape.seed)
+        point = run_schedule(server.url, stretched(schedule, shape.traced_rate_rps), shape, workdir, seed=shape.seed)
+    log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
+    options = ReportOptions(
+        shape.slo, kv_bytes_per_token=_kv_bytes_per_token(), max_batch=MAX_BATCH, confidence_resamples=confidence,
+        # Simulated runs as long as the measured ones: a short overload queues less than a long one.
+        sim_requests=len(schedule), sim_max_requests=len(schedule), sim_duration_s=1e-3,
+    )  # fmt: skip
+    return build_report([traces], options)
+
+
+def _kv_bytes_per_token() -> int:
+    import torch
+
+    from reference_server.kv_cache import kv_bytes_per_token
+    from reference_server.model import ModelArgs
+
+    return kv_bytes_per_token(ModelArgs.from_name(PRESET), torch.float32)
+
+
+def candidate_rows(report: Report, workers: int) -> list[Row]:
+    """Colocated, the best chunked budget, and every P:D split of `workers`, with their predictions."""
+    rows: list[Row] = []
+    by_mode: dict[str, list[OptionResult]] = {}
+    for option in report.goodput:
+        by_mode.setdefault(option.mode, []).append(option)
+    for option in by_mode.get("colocated", []):
+        rows.append(Row(option.label, ["--mode", "colocated", "--workers", str(workers)], option.goodput_per_gpu))
+    chunked = [o for o in by_mode.get("chunked", []) if (o.chunk_budget_tokens or 0) > MAX_BATCH]
+    if chunked:
+        best = max(chunked, key=lambda o: o.goodput_per_gpu)
+        rows.append(Row(best.label, ["--mode", "chunked", "--workers", str(workers), "--chunk-budget",
+                                     str(best.chunk_budget_tokens)], best.goodput_per_gpu))  # fmt: skip
+    for option in by_mode.get("disaggregated", []):
+        p, d = (int(x) for x in (option.ratio or "0:0").split(":"))
+        rows.append(Row(option.label, ["--mode", "disaggregated", "--prefill-workers", str(p), "--decode-workers", str(d)],
+                        option.goodput_per_gpu))  # fmt: skip
+    return rows
+
+
+# --------------------------------------------------------------------------------------- one shape
+
+
+@dataclass
+class ShapeResult:
+    shape: str
+    requests: int
+    workers: int
+    step: float
+    verdict: str
+    unconfirmed: str | None
+    model_check: dict[str, float]
+    rows: list[Row]
+    load_before: float
+    load_after: float
+    seconds: float
+
+    @property
+    def predicted_best(self) -> Row:
+        return max(self.rows, key=lambda r: r.predicted_per_gpu)
+
+    @property
+    def measured_best(self) -> Row:
+        return max(self.rows, key=lambda r: r.measured_per_gpu)
+
+    @property
+    def best_agrees(self) -> bool:
+        """The predicted best layout's measured goodput is within the search's resolution of the best
+        measured one: the two are indistinguishable by this search."""
+        return self.predicted_best.measured_per_gpu * self.step >= self.measured_best.measured_per_gpu
+
+
+def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence: int, workdir: Path,
+              only: set[str] | None = None) -> ShapeResult:  # fmt: skip
+    started = time.monotonic()
+    load_before = _load1()
+    schedule = base_schedule(shape, requests)
+    log(f"shape {shape.name}: {len(schedule)} requests, base rate {schedule_rate_rps(schedule):.2f} req/s total")
+    report = traced_report(shape, schedule, workers, workdir, confidence)
+    log(f"report: {report.verdict} {report.ratio or report.chunk_budget_tokens or ''} "
+        f"{'(unconfirmed: ' + report.unconfirmed + ')' if report.unconfirmed else ''}")  # fmt: skip
+    rows = candidate_rows(report, workers)
+    if only is not None:
+        rows = [r for r in rows if r.serve_args[1] in only]
+    for row in rows:
+        log(f"{row.label}: predicted {row.predicted_per_gpu:.3f} req/s/GPU; measuring")
+        start = max(row.predicted_per_gpu * workers, schedule_rate_rps(schedule) / 16)
+        measured = measure_layout(row.serve_args, shape, schedule, start, step, shape.slo.attainment, workdir, workers)
+        row.measured_per_gpu = measured.rate_rps / workers
+        row.measured_bracket_per_gpu = (measured.rate_rps / workers, measured.failed_rate_rps / workers)
+        row.points = measured.points
+        log(f"{row.label}: measured {row.measured_per_gpu:.3f} req/s/GPU (fails at {measured.failed_rate_rps / workers:.3f})")
+    return ShapeResult(shape.name, len(schedule), workers, step, report.verdict, report.unconfirmed,
+                       report.model_check, rows, load_before, _load1(), time.monotonic() - started)  # fmt: skip
+
+
+def _load1() -> float:
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def markdown(result: ShapeResult) -> str:
+    lines = [
+        f"shape `{result.shape}`: {result.requests} requests per rate, {result.workers} workers; "
+        f"report verdict from the traced colocated run: {result.verdict}"
+        + (f" (unconfirmed: {result.unconfirmed})" if result.unconfirmed else ""),
+        "",
+        "| layout | predicted req/s/GPU | measured req/s/GPU (fails at) | error |",
+        "|---|---|---|---|",
+    ]
+    for row in result.rows:
+        low, high = row.measured_bracket_per_gpu
+        lines.append(f"| {row.label} | {row.predicted_per_gpu:.3f} | {low:.3f} ({high:.3f}) | {row.error:+.0%} |")
+    lines += [
+        "",
+        f"predicted best: {result.predicted_best.label}; measured best: {result.measured_best.label}; "
+        f"agree within the search's resolution (x{result.step:g}): {'yes' if result.best_agrees else 'NO'}. "
+        f"Load average (1 min) {result.load_before:.2f} before, {result.load_after:.2f} after; {result.seconds:.0f} s.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="workload shape(s) (default: all)")
+    parser.add_argument("--workers", type=int, default=2, help="worker processes in every layout")
+    parser.add_argument("--requests", type=int, default=40, help="requests per measured rate")
+    parser.add_argument("--step", type=float, default=DEFAULT_STEP, help="rate search step factor (> 1)")
+    parser.add_argument("--confidence", type=int, default=0, help="report bootstrap re-runs (0 skips)")
+    parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    args = parser.parse_args(argv)
+    if args.step <= 1 or args.requests < 10 or args.workers < 2:
+        parser.error("--step must exceed 1, --requests be at least 10, --workers at least 2")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="verdict-ab-") as tmp:
+        for name in args.shape or list(SHAPES):
+            results.append(run_shape(SHAPES[name], args.workers, args.requests, args.step, args.confidence, Path(tmp)))
+            print(markdown(results[-1]) + "\n", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))
+    return 0 if all(r.best_agrees for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
