@@ -29,11 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,8 @@ from tracer.report.simulate import SLO
 PRESET = "small"
 MAX_BATCH = ServeConfig.max_batch
 DEFAULT_STEP = 1.25
+# The slowest rate tried takes at most this long to send its requests: below it, goodput is "under the floor".
+MAX_POINT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,7 @@ SHAPES = {
     # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
     # step stalls every decode beside it past the inter-token objective.
     "bursts": Shape("bursts", prompt_tokens=64, output_tokens=64, base_rate_rps=2.0, traced_rate_rps=1.0,
-                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1536)),  # fmt: skip
+                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1536)),
 }
 
 
@@ -210,8 +213,7 @@ def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], st
                    attainment: float, workdir: Path, gpus: int) -> Measured:  # fmt: skip
     """Serve one layout and search its goodput (total requests/s); every tried rate is recorded."""
     points: list[Point] = []
-    floor_rps = schedule_rate_rps(schedule) / 16
-    ceiling_rps = schedule_rate_rps(schedule) * 8
+    floor_rps, ceiling_rps = rate_limits_rps(schedule)
     with ServerProcess(["--preset", PRESET, "--max-batch", str(MAX_BATCH), *serve_args],
                        log_path=workdir / "server.log") as server:  # fmt: skip
         warm = stretched(schedule, schedule_rate_rps(schedule))[:2]
@@ -226,6 +228,11 @@ def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], st
 
         low, high = search_rate(passes, start_rps, step, floor_rps, ceiling_rps)
     return Measured(low, high, points)
+
+
+def rate_limits_rps(schedule: list[dict]) -> tuple[float, float]:
+    """The search's floor (the schedule sent in MAX_POINT_S) and ceiling (8x the shape's base rate)."""
+    return len(schedule) / MAX_POINT_S, schedule_rate_rps(schedule) * 8
 
 
 def _ms(value_s: float | None) -> str:
@@ -327,7 +334,7 @@ def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence
         rows = [r for r in rows if r.serve_args[1] in only]
     for row in rows:
         log(f"{row.label}: predicted {row.predicted_per_gpu:.3f} req/s/GPU; measuring")
-        start = max(row.predicted_per_gpu * workers, schedule_rate_rps(schedule) / 16)
+        start = max(row.predicted_per_gpu * workers, rate_limits_rps(schedule)[0])
         measured = measure_layout(row.serve_args, shape, schedule, start, step, shape.slo.attainment, workdir, workers)
         row.measured_per_gpu = measured.rate_rps / workers
         row.measured_bracket_per_gpu = (measured.rate_rps / workers, measured.failed_rate_rps / workers)
@@ -358,11 +365,15 @@ def markdown(result: ShapeResult) -> str:
         lines.append(f"| {row.label} | {row.predicted_per_gpu:.3f} | {low:.3f} ({high:.3f}) | {row.error:+.0%} |")
     lines += [
         "",
-        f"predicted best: {result.predicted_best.label}; measured best: {result.measured_best.label}; "
-        f"agree within the search's resolution (x{result.step:g}): {'yes' if result.best_agrees else 'NO'}. "
-        f"Load average (1 min) {result.load_before:.2f} before, {result.load_after:.2f} after; {result.seconds:.0f} s.",
+        (f"predicted best: {result.predicted_best.label}; measured best: {result.measured_best.label}; "
+         f"agree within the search's resolution (x{result.step:g}): {'yes' if result.best_agrees else 'NO'}. "
+         f"Load average (1 min) {result.load_before:.2f} before, {result.load_after:.2f} after; {result.seconds:.0f} s."),
     ]
     return "\n".join(lines)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -376,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.step <= 1 or args.requests < 10 or args.workers < 2:
         parser.error("--step must exceed 1, --requests be at least 10, --workers at least 2")
+    # SIGTERM unwinds like Ctrl-C, so every server started is stopped on the way out.
+    signal.signal(signal.SIGTERM, _interrupt)
     results = []
     with tempfile.TemporaryDirectory(prefix="verdict-ab-") as tmp:
         for name in args.shape or list(SHAPES):
