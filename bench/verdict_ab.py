@@ -45,6 +45,7 @@ from tracer.load import SLO as LoadSLO
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
 from tracer.load.workload import build_schedule
 from tracer.report.build import OptionResult, Report, ReportOptions, build_report
+from tracer.report.render import render
 from tracer.report.simulate import SLO
 
 PRESET = "small"
@@ -253,6 +254,8 @@ def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Pat
     log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
     options = ReportOptions(
         shape.slo, kv_bytes_per_token=_kv_bytes_per_token(), max_batch=MAX_BATCH, confidence_resamples=confidence,
+        # The served workers' token budget: a colocated or prefill-only step joins whole prompts up to it.
+        max_prefill_tokens_per_step=ServeConfig.chunk_budget,
         # Simulated runs as long as the measured ones: a short overload queues less than a long one.
         sim_requests=len(schedule), sim_max_requests=len(schedule), sim_duration_s=1e-3,
     )  # fmt: skip
@@ -329,6 +332,7 @@ def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence
     report = traced_report(shape, schedule, workers, workdir, confidence)
     log(f"report: {report.verdict} {report.ratio or report.chunk_budget_tokens or ''} "
         f"{'(unconfirmed: ' + report.unconfirmed + ')' if report.unconfirmed else ''}")  # fmt: skip
+    (workdir / "report.md").write_text(render(report, "md"))
     rows = candidate_rows(report, workers)
     if only is not None:
         rows = [r for r in rows if r.serve_args[1] in only]
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step", type=float, default=DEFAULT_STEP, help="rate search step factor (> 1)")
     parser.add_argument("--confidence", type=int, default=0, help="report bootstrap re-runs (0 skips)")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep traces, reports and server logs here")
     args = parser.parse_args(argv)
     if args.step <= 1 or args.requests < 10 or args.workers < 2:
         parser.error("--step must exceed 1, --requests be at least 10, --workers at least 2")
@@ -392,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="verdict-ab-") as tmp:
         for name in args.shape or list(SHAPES):
-            results.append(run_shape(SHAPES[name], args.workers, args.requests, args.step, args.confidence, Path(tmp)))
+            workdir = (args.workdir or Path(tmp)) / name
+            workdir.mkdir(parents=True, exist_ok=True)
+            results.append(run_shape(SHAPES[name], args.workers, args.requests, args.step, args.confidence, workdir))
             print(markdown(results[-1]) + "\n", flush=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))

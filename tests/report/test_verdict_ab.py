@@ -53,6 +53,8 @@ def test_predicted_goodput_ranks_and_sizes_two_layouts_as_measured(tmp_path):
     print(detail)
 
     colocated, split = layouts
+    # Both layouts must serve the workload at some rate: a search that found nothing checks nothing.
+    assert all(row.measured_per_gpu > 0 for row in layouts), detail
     # The two layouts differ by more than the search's resolution here, so the ranking is a real check.
     predicted_winner, predicted_loser = (split, colocated) if split.predicted_per_gpu > colocated.predicted_per_gpu else (colocated, split)
     assert predicted_winner.measured_per_gpu * STEP >= predicted_loser.measured_per_gpu, detail

@@ -29,6 +29,7 @@ DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
+DEFAULT_MAX_PREFILL_TOKENS_PER_STEP = EngineParams().max_prefill_tokens_per_step
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class ReportOptions:
     # Running requests one worker admits (vLLM --max-num-seqs, SGLang --max-running-requests); past it,
     # arrivals queue. The default is vLLM's.
     max_batch: int = DEFAULT_MAX_BATCH
+    # Prompt tokens one colocated or prefill-only step takes whole (vLLM --max-num-batched-tokens); the first
+    # waiting prompt always joins. The default is the simulator's.
+    max_prefill_tokens_per_step: int = DEFAULT_MAX_PREFILL_TOKENS_PER_STEP
     extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
     # Bootstrap re-runs behind `confidence` (confidence.py); 0 skips it (confidence then null).
     confidence_resamples: int = MIN_RESAMPLES
@@ -64,6 +68,8 @@ class ReportOptions:
                 raise ValueError(f"{name} must be positive")
         if self.max_batch < 1:
             raise ValueError("--max-batch must be at least 1")
+        if self.max_prefill_tokens_per_step < 1:
+            raise ValueError("max_prefill_tokens_per_step must be at least 1")
         if self.margin < 0:
             raise ValueError("margin must not be negative")
         if self.confidence_resamples and self.confidence_resamples < MIN_RESAMPLES:
@@ -233,6 +239,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     assumptions.append(f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
                        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones")
     assumptions.append(f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)")
+    assumptions.append(f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
+                       "(the first waiting prompt always joins)")
     measured = measure(requests, slo) if len(requests) else None
     read = {
         "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
@@ -251,7 +259,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if frontend_s > 0:
         evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
     costs = Costs(step_fit.costs, transfer, frontend_s)
-    params = EngineParams(max_running_requests=options.max_batch)
+    params = EngineParams(max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step)
     budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
     layouts = candidate_layouts(gpus, budgets)
     if current.label not in {layout.label for layout in layouts}:
