@@ -79,13 +79,13 @@ class Shape:
 
 
 SHAPES = {
-    # Short chats: every prompt is short, so a prefill joining a decode step costs little; splitting
-    # leaves one of two workers prefilling short prompts and mostly idle.
-    "chat": Shape("chat", prompt_tokens=128, output_tokens=64, base_rate_rps=4.0, traced_rate_rps=2.0),
+    # Short prompts, longer answers: a short prefill joining a decode step costs little, so two colocated
+    # workers both decode, while a 1:1 split leaves one of them prefilling short prompts, mostly idle.
+    "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=1.5, slo_itl_s=0.15),
     # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
     # step stalls every decode beside it past the inter-token objective.
     "bursts": Shape("bursts", prompt_tokens=64, output_tokens=64, base_rate_rps=2.0, traced_rate_rps=1.0,
-                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1536)),
+                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1024)),
 }
 
 
