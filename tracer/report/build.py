@@ -239,6 +239,11 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     assumptions.append(f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
                        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones")
     assumptions.append(f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)")
+    # Measured on the reference server on 2 shared CPU cores (bench/verdict_ab.py): workers that share
+    # cores slow each other, so step costs depend on how busy the neighbours were when they were fitted.
+    assumptions.append("step costs are those fitted on the current layout, as its workers shared their hardware: a layout whose "
+                       "workers share cores or a GPU differently (CPU serving, several workers per device) runs at other costs, "
+                       "not modelled")
     assumptions.append(f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
                        "(the first waiting prompt always joins)")
     measured = measure(requests, slo) if len(requests) else None
