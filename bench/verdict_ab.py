@@ -64,6 +64,7 @@ MAX_BATCH = ServeConfig.max_batch
 DEFAULT_STEP = 1.25
 # The slowest rate tried takes at most this long to send its requests: below it, goodput is "under the floor".
 MAX_POINT_S = 60.0
+WARMUP_REQUESTS = 8
 # Rates tried per layout: prediction x step^k, k from -GRID_BELOW to GRID_ABOVE.
 GRID_BELOW, GRID_ABOVE = 2, 2
 
@@ -123,12 +124,21 @@ class Row:
     measured_bracket_per_gpu: tuple[float, float] = (float("nan"), float("nan"))  # (passes, fails), per-token gaps
     client_bracket_per_gpu: tuple[float, float] = (float("nan"), float("nan"))  # the same judged on chunk gaps
     points: list[Point] = field(default_factory=list)
+    attainment_target: float = 0.9
 
     @property
     def measured_per_gpu(self) -> float:
         """The bracket's geometric middle (its lower end when nothing failed): within sqrt(step) of the truth."""
         low, high = self.measured_bracket_per_gpu
         return low if math.isinf(high) or low == 0 else math.sqrt(low * high)
+
+    @property
+    def monotone(self) -> bool:
+        """False when a rate passed (on spans) above one that failed: noise from outside moved a point."""
+        ordered = sorted(self.points, key=lambda p: p.rate_rps)
+        passed = [p.span_attainment is not None and p.span_attainment >= self.attainment_target for p in ordered]
+        first_fail = passed.index(False) if False in passed else len(passed)
+        return not any(passed[first_fail:])
 
     @property
     def error(self) -> float:
@@ -222,7 +232,8 @@ def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], ra
     traces.unlink(missing_ok=True)
     with ServerProcess(["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--traces-file", str(traces), *serve_args],
                        log_path=workdir / "server.log") as server:  # fmt: skip
-        run_schedule(server.url, schedule[:2], shape, workdir, seed=shape.seed)  # first requests pay for warm-up
+        # Not measured: a fresh worker's first batches pay for allocations and kernel selection.
+        run_schedule(server.url, schedule[:WARMUP_REQUESTS], shape, workdir, seed=shape.seed)
         failures = 0
         for rate_rps in rates_rps:
             point = run_schedule(server.url, stretched(schedule, rate_rps), shape, workdir, seed=shape.seed)
@@ -381,7 +392,7 @@ def markdown(result: ShapeResult) -> str:
     for row in result.rows:
         low, high = row.measured_bracket_per_gpu
         c_low, c_high = row.client_bracket_per_gpu
-        lines.append(f"| {row.label} | {row.predicted_per_gpu:.3f} | {row.measured_per_gpu:.3f} | {low:.3f} / {high:.3f} | "
+        lines.append(f"| {row.label} | {row.predicted_per_gpu:.3f} | {row.measured_per_gpu:.3f} | {low:.3f}{'' if row.monotone else '*'} / {high:.3f} | "
                      f"{row.error:+.0%} | {c_low:.3f} / {c_high:.3f} |")  # fmt: skip
     lines += [
         "",
