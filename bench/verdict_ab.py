@@ -64,7 +64,7 @@ MAX_BATCH = ServeConfig.max_batch
 DEFAULT_STEP = 1.25
 # The slowest rate tried takes at most this long to send its requests: below it, goodput is "under the floor".
 MAX_POINT_S = 60.0
-WARMUP_REQUESTS = 8
+WARMUP_REQUESTS = 6
 # Rates tried per layout: prediction x step^k, k from -GRID_BELOW to GRID_ABOVE.
 GRID_BELOW, GRID_ABOVE = 2, 2
 
@@ -167,6 +167,15 @@ def base_schedule(shape: Shape, requests: int) -> list[dict]:
     ]
 
 
+def warmup(schedule: list[dict]) -> list[dict]:
+    """Requests to send before measuring, not measured: a fresh worker's first batches and its first long
+    prompt pay for allocations and kernel selection (a cold 1024-token prefill took over a second).
+    The schedule's first few requests, then its longest prompt."""
+    head = schedule[:WARMUP_REQUESTS]
+    longest = max(schedule, key=lambda entry: entry["prompt_tokens"])
+    return [*head, {**longest, "arrival_s": head[-1]["arrival_s"]}]
+
+
 def schedule_rate_rps(schedule: list[dict]) -> float:
     """Mean total arrival rate the way the report counts it: (n - 1) / (last arrival - first)."""
     span_s = schedule[-1]["arrival_s"] - schedule[0]["arrival_s"]
@@ -232,8 +241,7 @@ def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], ra
     traces.unlink(missing_ok=True)
     with ServerProcess(["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--traces-file", str(traces), *serve_args],
                        log_path=workdir / "server.log") as server:  # fmt: skip
-        # Not measured: a fresh worker's first batches pay for allocations and kernel selection.
-        run_schedule(server.url, schedule[:WARMUP_REQUESTS], shape, workdir, seed=shape.seed)
+        run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         failures = 0
         for rate_rps in rates_rps:
             point = run_schedule(server.url, stretched(schedule, rate_rps), shape, workdir, seed=shape.seed)
@@ -273,7 +281,7 @@ def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Pat
     args = ["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--mode", "colocated", "--workers", str(workers),
             "--traces-file", str(traces)]  # fmt: skip
     with ServerProcess(args, log_path=workdir / "server.log") as server:
-        run_schedule(server.url, stretched(schedule, shape.traced_rate_rps)[:2], shape, workdir, seed=shape.seed)
+        run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         point = run_schedule(server.url, stretched(schedule, shape.traced_rate_rps), shape, workdir, seed=shape.seed)
     log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
     options = ReportOptions(
