@@ -34,6 +34,18 @@ TOKEN_BUCKETS_S = (
     0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 
+# Names the alert rules and dashboards read, as Prometheus stores them (histograms: the family, without
+# `_bucket`/`_sum`/`_count`; counters: with `_total`).
+TTFT_HISTOGRAM = "gen_ai_server_time_to_first_token_seconds"
+ITL_HISTOGRAM = "splitscope_inter_token_latency_seconds"
+STEP_HISTOGRAM = "splitscope_step_duration_seconds"
+STAGE_HISTOGRAM = "splitscope_stage_duration_seconds"
+KV_TRANSFER_FAILURES_COUNTER = "splitscope_kv_transfer_failures_total"
+TRACER_DROPPED_COUNTER = "splitscope_tracer_dropped_records_total"
+WORKER_BUSY_COUNTER = "splitscope_worker_busy_seconds_total"
+POOL_WORKERS_GAUGE = "splitscope_pool_workers"
+REQUESTS_WAITING_GAUGE = "splitscope_requests_waiting"
+
 POOLS = ("colocated", "prefill", "decode")
 # splitscope_kv_transfer_failures_total{reason}
 KV_TRANSFER_FAILURE_REASONS = (
