@@ -597,19 +597,20 @@ def _quantile_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     return rules
 
 
-def _all_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    """Every rule in dependency order: a rule reads only recording rules listed before it."""
+def _all_rules(s: AlertSettings) -> list[tuple[dict[str, Any], bool]]:
+    """(rule, judged over the recommendation horizon) of every rule, in dependency order: a rule reads only
+    recording rules listed before it."""
     g = _Grouping(s)
     parts = (
         _interference_records, _slo_records, _recommendation_records, _kv_transfer_records, _pool_records,
         _quantile_records,
         _interference_alerts, _kv_transfer_alerts, _pool_alerts, _slo_burn_alerts, _pipeline_alerts,
     )  # fmt: skip
-    return [rule for part in parts for rule in part(s, g)]
+    return [(rule, part is _recommendation_records) for part in parts for rule in part(s, g)]
 
 
 def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    return [rule for rule in _all_rules(s) if "alert" in rule]
+    return [rule for rule, _ in _all_rules(s) if "alert" in rule]
 
 
 def _duration_s(duration: str) -> float:
@@ -627,29 +628,35 @@ def render_rules(
     for_scale: float = 1.0,
     range_override: str | None = None,
     settings: AlertSettings = DEFAULT_SETTINGS,
+    horizon_override: str | None = None,
 ) -> dict[str, Any]:
     """The rule file as a dict (what `yaml.safe_dump` writes as alerts/rules.yaml).
 
     `for_scale` multiplies every `for:` duration; `range_override` (a Prometheus duration such as "20s")
-    replaces every range window in every expression. Both exist for live tests; the committed file uses the
-    defaults. Raises ValueError for settings that cannot work or an expression promql-parser rejects.
+    replaces every range window in every expression, and `horizon_override` (default: `range_override`)
+    those of the recommendations' horizon, so a live test can keep the horizon longer than the windows.
+    They exist for live tests; the committed file uses the defaults. Raises ValueError for settings that
+    cannot work or an expression promql-parser rejects.
     """
     settings.validate()
     if for_scale < 0:
         raise ValueError(f"for_scale must be >= 0, got {for_scale}")
-    if range_override is not None:
-        _duration_s(range_override)  # raises on a malformed duration
+    for override in (range_override, horizon_override):
+        if override is not None:
+            _duration_s(override)  # raises on a malformed duration
+    horizon_override = horizon_override or range_override
 
+    rules = []
+    for rule, over_horizon in _all_rules(settings):
+        window = horizon_override if over_horizon else range_override
+        if window is not None:
+            rule["expr"] = _RANGE_WINDOW.sub(f"[{window}]", rule["expr"])
+        rules.append(rule)
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording rules of
     # the same evaluation. Across groups the order is unspecified and an alert would lag by an interval.
-    groups = [{
-        "name": "splitscope",
-        "rules": _all_rules(settings),
-    }]
+    groups = [{"name": "splitscope", "rules": rules}]
     for group in groups:
         for rule in group["rules"]:
-            if range_override is not None:
-                rule["expr"] = _RANGE_WINDOW.sub(f"[{range_override}]", rule["expr"])
             if "for" in rule:
                 rule["for"] = _scaled_duration(rule["for"], for_scale)
             try:
@@ -676,10 +683,11 @@ def render_rules_yaml(
     for_scale: float = 1.0,
     range_override: str | None = None,
     settings: AlertSettings = DEFAULT_SETTINGS,
+    horizon_override: str | None = None,
 ) -> str:
     """`render_rules()` as the YAML text of a Prometheus rule file (deterministic: same input, same bytes)."""
     body = yaml.dump(
-        render_rules(for_scale, range_override, settings),
+        render_rules(for_scale, range_override, settings, horizon_override),
         Dumper=_RulesDumper,
         sort_keys=False,
         allow_unicode=True,

@@ -148,3 +148,15 @@ def test_settings_that_cannot_work_are_refused() -> None:
         render_rules(settings=AlertSettings(ttft_fallback_edge_s=2.5))
     with pytest.raises(ValueError, match="recommend_min_horizon_share"):
         render_rules(settings=AlertSettings(recommend_min_horizon_share=0))
+
+
+def test_horizon_override_keeps_the_recommendation_horizon_apart_from_the_windows() -> None:
+    fast = _rules(render_rules(for_scale=0.01, range_override="10s", horizon_override="90s"))
+    horizon = {r["record"] for r in fast if "[90s]" in r["expr"]}
+    assert horizon == {
+        "pool:splitscope_interference:ttft_missed_share1h", "pool:splitscope_interference:itl_missed_share1h",
+        "pool:splitscope_step_duration_seconds:prefill_time_share1h",
+    }
+    assert all(set(re.findall(r"\[(\w+)\]", r["expr"])) <= {"10s"} for r in fast if r.get("record") not in horizon)
+    with pytest.raises(ValueError):
+        render_rules(range_override="10s", horizon_override="an hour")
