@@ -1,0 +1,121 @@
+"""Does scraping /metrics slow what it observes? TTFT and client-seen gaps with and without a scraper.
+
+One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) serves the same open-loop
+workload from `tracer.load` in alternating rounds: unscraped, then scraped 3 times a second on the router's
+/metrics (OpenMetrics, as Prometheus asks), and so on. Each condition pools the requests of its rounds;
+printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per condition, and their
+ratios (scraped / unscraped) from this one run. Alternating rounds on one server keeps slow drift of a
+shared machine out of the ratio.
+
+Run: `python bench/metrics_scrape.py` (about 3 minutes on a 2-core CPU machine); `--quick` shortens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from interference import free_port, start_server  # bench/interference.py: the same server start-up
+from tracer.load import LengthSpec, LoadConfig, run_load_sync
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+class Scraper:
+    """Fetches `url` every `interval_s` on its own thread until `stop()`; counts scrapes and their bytes."""
+
+    def __init__(self, url: str, interval_s: float) -> None:
+        self.url, self.interval_s = url, interval_s
+        self.scrapes, self.bytes, self.seconds = 0, 0, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            started = time.monotonic()
+            request = urllib.request.Request(self.url, headers={"Accept": OPENMETRICS_ACCEPT})
+            with urllib.request.urlopen(request, timeout=10) as response:
+                self.bytes += len(response.read())
+            self.seconds.append(time.monotonic() - started)
+            self.scrapes += 1
+            next_at += self.interval_s
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(15)
+
+
+def pooled(results: list) -> tuple[float, float, int]:
+    """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
+    records = [r for result in results for r in result.records if r.status == "ok"]
+    ttft = np.asarray([r.ttft_s for r in records if r.ttft_s is not None])
+    gaps = np.asarray([g for r in records for g in (r.itl_s or ())])
+    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99)), len(records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=3.0, help="requests per second")
+    parser.add_argument("--round-s", type=float, default=25.0, help="seconds of load per round")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per condition")
+    parser.add_argument("--scrapes-per-s", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
+    args = parser.parse_args()
+    if args.quick:
+        args.round_s, args.rounds = 10.0, 2
+    port = free_port()
+    log_path = Path("/tmp") / f"bench-metrics-scrape-{port}.log"
+    server = start_server(args.preset, ["--mode", "colocated", "--workers", str(args.workers)], port, log_path)
+    url = f"http://127.0.0.1:{port}"
+    results: dict[str, list] = {"unscraped": [], "scraped": []}
+    scrapes = []
+    try:
+        warm = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=5.0,
+                          prompt=LengthSpec(128), output=LengthSpec(64), seed=1, timeout_s=60)  # fmt: skip
+        run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
+        for index in range(args.rounds):
+            for condition in ("unscraped", "scraped"):
+                config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
+                                    prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index, timeout_s=60)  # fmt: skip
+                if condition == "scraped":
+                    with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:
+                        results[condition].append(run_load_sync(config))
+                    scrapes.append(scraper)
+                else:
+                    results[condition].append(run_load_sync(config))
+                print(f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    rows = {name: pooled(runs) for name, runs in results.items()}
+    total_scrapes = sum(s.scrapes for s in scrapes)
+    scrape_s = np.asarray([x for s in scrapes for x in s.seconds])
+    print()
+    print("| condition | requests ok | TTFT p90 ms | client gap p99 ms |")
+    print("|---|---|---|---|")
+    for name, (ttft_p90, gap_p99, ok) in rows.items():
+        print(f"| {name} | {ok} | {ttft_p90 * 1000:.1f} | {gap_p99 * 1000:.1f} |")
+    (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
+    print()
+    print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
+    print(f"scrapes: {total_scrapes} ({total_scrapes / (args.rounds * args.round_s):.2f}/s), "
+          f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
+          f"scrape time p50 {np.percentile(scrape_s, 50) * 1000:.1f} ms, p99 {np.percentile(scrape_s, 99) * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
