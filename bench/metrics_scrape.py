@@ -32,6 +32,7 @@ class Scraper:
     def __init__(self, url: str, interval_s: float) -> None:
         self.url, self.interval_s = url, interval_s
         self.scrapes, self.bytes, self.seconds = 0, 0, []
+        self.started = self.stopped = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
 
@@ -48,12 +49,14 @@ class Scraper:
             self._stop.wait(max(0.0, next_at - time.monotonic()))
 
     def __enter__(self) -> Scraper:
+        self.started = time.monotonic()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(15)
+        self.stopped = time.monotonic()
 
 
 def pooled(results: list) -> tuple[float, float, int]:
@@ -112,7 +115,8 @@ def main() -> None:
     (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
     print()
     print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
-    print(f"scrapes: {total_scrapes} ({total_scrapes / (args.rounds * args.round_s):.2f}/s), "
+    scraping_s = sum(s.stopped - s.started for s in scrapes)
+    print(f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
           f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
           f"scrape time p50 {np.percentile(scrape_s, 50) * 1000:.1f} ms, p99 {np.percentile(scrape_s, 99) * 1000:.1f} ms")
 
