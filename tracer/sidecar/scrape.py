@@ -174,6 +174,19 @@ def _le(value: str) -> str:
     return "+Inf" if math.isinf(bound) else repr(bound)
 
 
+_SLO_EDGE_WARNED: set[str] = set()
+
+
+def warn_missing_slo_edges(engine: str, families: list[Metric]) -> None:
+    """Log once per layout when an engine's TTFT/ITL buckets lack the SLO edge the burn rules count at."""
+    from alerts.buckets import missing_slo_edges  # the SLOs live with the alert rules (alerts/settings.py)
+
+    for warning in missing_slo_edges(families):
+        if warning not in _SLO_EDGE_WARNED:
+            _SLO_EDGE_WARNED.add(warning)
+            log.warning("splitscope sidecar: %s engine: %s", engine, warning)
+
+
 class EngineScraper:
     """Collector for one engine endpoint. `collect` runs on whatever thread renders /metrics."""
 
@@ -196,6 +209,7 @@ class EngineScraper:
             self.last_error = str(exc)
             return iter(())
         self.last_error = ""
+        warn_missing_slo_edges(self.engine, families)
         return iter(families)
 
 
