@@ -123,7 +123,8 @@ def _alert(
 
 def _tagged(expr: str, label: str, value: str) -> str:
     """`expr` with a constant label added, so an annotation can say which branch of an `or` fired."""
-    return f'label_replace(\n  {_promql(expr)},\n  "{label}", "{value}", "", ""\n)'
+    body = "\n".join("  " + line for line in _promql(expr).splitlines())
+    return f'label_replace(\n{body},\n  "{label}", "{value}", "", ""\n)'
 
 
 # -- latency objectives ---------------------------------------------------------------------------------------
@@ -356,9 +357,11 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
         _alert(
             s, "DecodeInterference",
             "\nor\n".join((
-                _tagged(f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)}) and {on_pool} {enough_steps}",
-                        "statistic", "mean"),
-                _tagged(f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)}) and {on_pool} {enough_steps}",
+                _tagged(f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)})"
+                        f"\nand {on_pool} {enough_steps}", "statistic", "mean"),
+                _tagged(f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)})"
+                        f"\nand {on_pool} {enough_steps}"
+                        f"\nunless {on_pool} (pool:{step}:interference_ratio5m > {_number(s.interference_factor)})",
                         "statistic", "p99"),
             )),
             s.decode_interference_for, "warning",
@@ -374,8 +377,8 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             s, "SplitRecommended",
             "\nor\n".join((
                 _tagged(f"{ttft_share} >= {share}", "slo_missed", "ttft"),
-                _tagged(f"({itl_share} >= {share}) and {on_pool} ({prefill_share} >= {heavy})"
-                        f" unless {on_pool} ({ttft_share} >= {share})", "slo_missed", "itl"),
+                _tagged(f"({itl_share} >= {share})\nand {on_pool} ({prefill_share} >= {heavy})"
+                        f"\nunless {on_pool} ({ttft_share} >= {share})", "slo_missed", "itl"),
             )),
             s.recommendation_for, "info",
             "Split prefill and decode into two pools (interfering while missing the {{ $labels.slo_missed }} "
