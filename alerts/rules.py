@@ -2,8 +2,11 @@
 
 `render_rules()` builds the rule file as a dict from `AlertSettings`; `render_rules_yaml()` is the text that
 is committed as alerts/rules.yaml (tests check the committed file is byte-identical to a fresh render).
-A live end-to-end test renders the same rules with `for_scale` (shorter `for:`) and `range_override`
-(every `[5m]`-style window replaced) so that they fire within seconds.
+A live end-to-end test renders the same rules with `for_scale` (shorter `for:`), `range_override` (every
+`[5m]`-style window replaced) and `horizon_override` (the recommendations' hour) so they fire within seconds.
+
+One small function per alert group builds its recording rules and its alerts; `_all_rules` orders them so
+that every rule reads only recording rules evaluated before it.
 
 Recording rules follow `level:metric:operation`; the level names the labels kept beyond the deployment labels
 (`AlertSettings.deployment_labels`, default `namespace`), which every rule keeps: `pool_prefill_in_step:`
@@ -63,17 +66,6 @@ def le_matcher(bound_s: float) -> str:
     shortest = format(bound_s, "g")
     spellings = [shortest] if "." in shortest or "e" in shortest else [shortest, f"{shortest}.0"]
     return 'le=~"' + "|".join(s.replace(".", "\\\\.") for s in spellings) + '"'
-
-
-def _miss_ratio(histogram: str, by: str, bound_s: float, window: str) -> str:
-    return _promql(f"""
-        1 - (
-          sum by ({by}) (rate({histogram}_bucket{{{le_matcher(bound_s)}}}[{window}]))
-          /
-          sum by ({by}) (rate({histogram}_count[{window}]))
-        )
-    """)
-
 
 
 class _Names:

@@ -7,16 +7,18 @@ printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per 
 ratios (scraped / unscraped) from this one run. Alternating rounds on one server keeps slow drift of a
 shared machine out of the ratio.
 
-Run: `python bench/metrics_scrape.py` (about 3 minutes on a 2-core CPU machine); `--quick` shortens it.
+Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
+machine); `--quick` shortens it.
 """
 
 from __future__ import annotations
 
 import argparse
-import threading
+import multiprocessing
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -26,37 +28,44 @@ from tracer.load import LengthSpec, LoadConfig, run_load_sync
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
+def _scrape_loop(url: str, interval_s: float, stop: Any, results: Any) -> None:
+    """The scraper process: GET `url` every `interval_s` until `stop` is set; put (scrapes, bytes, seconds)."""
+    scrapes, size, seconds = 0, 0, []
+    next_at = time.monotonic()
+    while not stop.is_set():
+        started = time.monotonic()
+        request = urllib.request.Request(url, headers={"Accept": OPENMETRICS_ACCEPT})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            size += len(response.read())
+        seconds.append(time.monotonic() - started)
+        scrapes += 1
+        next_at += interval_s
+        stop.wait(max(0.0, next_at - time.monotonic()))
+    results.put((scrapes, size, seconds))
+
+
 class Scraper:
-    """Fetches `url` every `interval_s` on its own thread until `stop()`; counts scrapes and their bytes."""
+    """Scrapes `url` every `interval_s` from a process of its own, as Prometheus would: a scraper thread in
+    this process would take the load generator's GIL and skew the client-side timings it measures."""
 
     def __init__(self, url: str, interval_s: float) -> None:
-        self.url, self.interval_s = url, interval_s
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._results = context.Event(), context.Queue()
+        self._process = context.Process(target=_scrape_loop, args=(url, interval_s, self._stop, self._results),
+                                        name="bench-scraper", daemon=True)  # fmt: skip
         self.scrapes, self.bytes, self.seconds = 0, 0, []
         self.started = self.stopped = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bench-scraper", daemon=True)
-
-    def _run(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            started = time.monotonic()
-            request = urllib.request.Request(self.url, headers={"Accept": OPENMETRICS_ACCEPT})
-            with urllib.request.urlopen(request, timeout=10) as response:
-                self.bytes += len(response.read())
-            self.seconds.append(time.monotonic() - started)
-            self.scrapes += 1
-            next_at += self.interval_s
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
 
     def __enter__(self) -> Scraper:
+        self._process.start()
         self.started = time.monotonic()
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(15)
+        self.scrapes, self.bytes, self.seconds = self._results.get(timeout=30)
         self.stopped = time.monotonic()
+        self._process.join(30)
 
 
 def pooled(results: list) -> tuple[float, float, int]:
@@ -71,9 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="small")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rate", type=float, default=3.0, help="requests per second")
-    parser.add_argument("--round-s", type=float, default=25.0, help="seconds of load per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per condition")
+    parser.add_argument("--rate", type=float, default=2.0, help="requests per second")
+    parser.add_argument("--round-s", type=float, default=15.0, help="seconds of load per round")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per condition")
     parser.add_argument("--scrapes-per-s", type=float, default=3.0)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
     args = parser.parse_args()
@@ -115,6 +124,12 @@ def main() -> None:
     (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
     print()
     print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
+    # The same ratios round by round (each scraped round against the unscraped round just before it):
+    # their spread is the machine's noise.
+    paired = [(pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
+              for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
+    print("per round: TTFT p90 " + ", ".join(f"{t:.2f}" for t, _ in paired)
+          + "; gap p99 " + ", ".join(f"{g:.2f}" for _, g in paired))
     scraping_s = sum(s.stopped - s.started for s in scrapes)
     print(f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
           f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
