@@ -286,13 +286,13 @@ class LabelledCollection:
         self._labels = labels
 
     def collect(self) -> Iterator[Metric]:
+        extra = self._labels
         for family in self._registry.collect():
             labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            # The encoders sort labels, so one dict merge (the series' own values last, so they win) will do.
             labelled.samples = [
-                Sample(s.name, {**s.labels, **{k: v for k, v in self._labels.items() if k not in s.labels}},
-                       s.value, s.timestamp, s.exemplar)
-                for s in family.samples
-            ]  # fmt: skip
+                Sample(s.name, {**extra, **s.labels}, s.value, s.timestamp, s.exemplar) for s in family.samples
+            ]
             yield labelled
 
 
