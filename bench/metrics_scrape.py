@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import time
 import urllib.request
 from pathlib import Path
@@ -68,6 +69,21 @@ class Scraper:
         self._process.join(30)
 
 
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its children (router and workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    total = 0
+    for each in pids:
+        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / ticks
+
+
 def pooled(results: list) -> tuple[float, float, int]:
     """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
     records = [r for result in results for r in result.records if r.status == "ok"]
@@ -94,6 +110,7 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     results: dict[str, list] = {"unscraped": [], "scraped": []}
     scrapes = []
+    cpu_s = {"unscraped": 0.0, "scraped": 0.0}
     try:
         warm = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=5.0,
                           prompt=LengthSpec(128), output=LengthSpec(64), seed=1, timeout_s=60)  # fmt: skip
@@ -102,12 +119,14 @@ def main() -> None:
             for condition in ("unscraped", "scraped"):
                 config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
                                     prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index, timeout_s=60)  # fmt: skip
+                cpu_before = server_cpu_s(server.pid)
                 if condition == "scraped":
                     with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:
                         results[condition].append(run_load_sync(config))
                     scrapes.append(scraper)
                 else:
                     results[condition].append(run_load_sync(config))
+                cpu_s[condition] += server_cpu_s(server.pid) - cpu_before
                 print(f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True)
     finally:
         server.terminate()
@@ -130,6 +149,9 @@ def main() -> None:
               for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
     print("per round: TTFT p90 " + ", ".join(f"{t:.2f}" for t, _ in paired)
           + "; gap p99 " + ", ".join(f"{g:.2f}" for _, g in paired))
+    extra_cpu_ms = (cpu_s["scraped"] - cpu_s["unscraped"]) * 1000 / max(total_scrapes, 1)
+    print(f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
+          f"{extra_cpu_ms:.1f} ms more per scrape")
     scraping_s = sum(s.stopped - s.started for s in scrapes)
     print(f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
           f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
