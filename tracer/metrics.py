@@ -49,6 +49,15 @@ TRACER_DROPPED_COUNTER = "splitscope_tracer_dropped_records_total"
 WORKER_BUSY_COUNTER = "splitscope_worker_busy_seconds_total"
 POOL_WORKERS_GAUGE = "splitscope_pool_workers"
 REQUESTS_WAITING_GAUGE = "splitscope_requests_waiting"
+# The request-level interference signal (tracer/sidecar/overlap.py), for engines without step timing:
+# each finished request's decode, classified by whether another request's prefill ran on its worker meanwhile.
+DECODE_TPOT_HISTOGRAM = "splitscope_decode_tpot_seconds"
+DECODE_STEPS_COUNTER = "splitscope_decode_overlap_classified_steps_total"
+OVERLAP_PREFILLS_COUNTER = "splitscope_decode_overlap_prefills_total"
+OVERLAP_PREFILL_TOKENS_COUNTER = "splitscope_decode_overlap_prefill_tokens_total"
+OVERLAP_LATE_PREFILLS_COUNTER = "splitscope_decode_overlap_late_prefills_total"
+OVERLAP_UNCLASSIFIED_COUNTER = "splitscope_decode_overlap_unclassified_requests_total"
+PREFILL_OVERLAP_LABEL = "prefill_overlap"
 
 # Labels of the process, not of the catalogue: every series a process exports carries them.
 NAMESPACE_LABEL = "namespace"
@@ -154,6 +163,31 @@ class Catalogue:
         self.requests_finished = Counter(
             REQUESTS_FINISHED, "Finished requests by finish reason (stop, length, abort, error)",
             ["pool", "reason"], registry=r)
+        self.decode_tpot = Histogram(
+            DECODE_TPOT_HISTOGRAM,
+            "A finished request's decode time per output token after the first, split by whether another "
+            "request's prefill ran on its worker during its decode (engines without step timing)",
+            ["pool", PREFILL_OVERLAP_LABEL], buckets=TOKEN_BUCKETS_S, registry=r)
+        self.decode_classified_steps = Counter(
+            DECODE_STEPS_COUNTER.removesuffix("_total"),
+            "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
+            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+        self.overlap_prefills = Counter(
+            OVERLAP_PREFILLS_COUNTER.removesuffix("_total"),
+            "Other requests' prefills that overlapped a classified decode on its worker, counted per decode",
+            ["pool"], registry=r)
+        self.overlap_prefill_tokens = Counter(
+            OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),
+            "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
+            ["pool"], registry=r)
+        self.overlap_late_prefills = Counter(
+            OVERLAP_LATE_PREFILLS_COUNTER.removesuffix("_total"),
+            "Prefills that arrived after a decode they overlapped was classified (not counted in it)",
+            ["pool"], registry=r)
+        self.overlap_unclassified = Counter(
+            OVERLAP_UNCLASSIFIED_COUNTER.removesuffix("_total"),
+            "Finished decodes left unclassified because the classifier's bounded hold was full",
+            ["pool"], registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
         for drop_reason in DropReason:

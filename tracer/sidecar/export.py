@@ -12,6 +12,10 @@ Per span:
   unless SGLang's /metrics is scraped (`sglang_span_metrics` off);
 - anything else: exported unchanged, no metrics.
 
+The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to the request-level
+interference classifier (overlap.py): noted while a batch is adapted, classified once per drain (and
+when the queue is idle), on this thread.
+
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
 drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
 the SDK's BatchSpanProcessor behind a `tracer.local_sink.LocalSink` per resource. Runs on one daemon thread;
@@ -31,6 +35,7 @@ from tracer import spans as s
 from tracer.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.overlap import OverlapClassifier
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
@@ -60,6 +65,7 @@ class SpanExport:
         sglang: SglangAdapter | None = None,
         sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
+        overlap: OverlapClassifier | None = None,
     ) -> None:
         self.queue = queue
         self.metrics = metrics
@@ -70,6 +76,7 @@ class SpanExport:
         self.sglang = sglang
         self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
+        self.overlap = overlap
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
         self._sinks: dict[tuple, LocalSink] = {}
@@ -91,6 +98,7 @@ class SpanExport:
         """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
         batches = self.queue.take(timeout_s)
         if not batches:
+            self._classify_overlap()  # a quiet engine's last requests are classified too
             return 0
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
@@ -104,11 +112,19 @@ class SpanExport:
             if spans:
                 exported += self._export(resource, spans)
         self.exported_spans += exported
+        self._classify_overlap()
         return exported
+
+    def _classify_overlap(self) -> None:
+        if self.overlap is not None:
+            try:
+                self.overlap.advance()
+            except Exception:  # metering must not stop the export
+                log.exception("splitscope sidecar: request-level interference classification failed")
 
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        vllm, sglang = self.vllm, self.sglang
+        vllm, sglang, overlap = self.vllm, self.sglang, self.overlap
         out = []
         metered = []
         resource: dict | None = None
@@ -117,6 +133,9 @@ class SpanExport:
                 out.append(span)
                 stages = vllm.stage_spans(span)
                 out.extend(stages)
+                if overlap is not None:
+                    for stage in stages:
+                        overlap.add(stage)
                 if self.vllm_span_metrics:
                     metered.extend(stages)
                     if resource is None:
@@ -128,6 +147,8 @@ class SpanExport:
                 stage = vllm.lifecycle_stage(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.vllm_span_metrics:
                         metered.append(stage)
                 continue
@@ -136,6 +157,8 @@ class SpanExport:
                 stage = sglang.stage_span(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.sglang_span_metrics:
                         metered.append(stage)
                 continue

@@ -30,6 +30,7 @@ from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_grpc import start_grpc_server
 from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
+from tracer.sidecar.overlap import DEFAULT_HOLD_S, OverlapClassifier
 from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.unix_ingest import UnixIngestServer
@@ -71,6 +72,8 @@ class SidecarConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     gpu: bool = True
     environ: dict[str, str] | None = None  # OTEL_* for the OTLP exporter; None reads os.environ
+    # How long a finished decode waits for the prefills that overlapped it (overlap.py), span-timeline seconds.
+    overlap_hold_s: float = DEFAULT_HOLD_S
 
 
 class Sidecar:
@@ -97,6 +100,7 @@ class Sidecar:
             vllm_span_metrics="vllm" not in scraped_engines,
             sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
             on_error=self._count_drop,
+            overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s),
         )  # fmt: skip
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None
