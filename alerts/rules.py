@@ -27,7 +27,11 @@ import yaml
 
 from alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import (
+    DECODE_STEPS_COUNTER,
+    DECODE_TPOT_HISTOGRAM,
     ITL_HISTOGRAM,
+    OVERLAP_PREFILLS_COUNTER,
+    PREFILL_OVERLAP_LABEL,
     KV_TRANSFER_FAILURES_COUNTER,
     POOL_WORKERS_GAUGE,
     REQUESTS_WAITING_GAUGE,
@@ -36,6 +40,7 @@ from tracer.metrics import (
     TRACER_DROPPED_COUNTER,
     TTFT_HISTOGRAM,
     WORKER_BUSY_COUNTER,
+    WORKER_PREFILL_BUSY_COUNTER,
 )
 
 RULES_PATH = Path(__file__).with_name("rules.yaml")
@@ -80,6 +85,15 @@ class _Names:
     BUSY = WORKER_BUSY_COUNTER
     WORKERS = POOL_WORKERS_GAUGE
     WAITING = REQUESTS_WAITING_GAUGE
+    TPOT = DECODE_TPOT_HISTOGRAM
+    DECODE_STEPS = DECODE_STEPS_COUNTER
+    OVERLAP_PREFILLS = OVERLAP_PREFILLS_COUNTER
+    PREFILL_BUSY = WORKER_PREFILL_BUSY_COUNTER
+
+
+# The label the request-level fallback adds to what it records and fires, so annotations say which signal.
+SIGNAL_LABEL = "signal"
+REQUEST_SIGNAL = "request_tpot"
 
 
 class _Grouping:
@@ -208,10 +222,60 @@ def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
 # -- interference and the recommendations --------------------------------------------------------------------
 
 
+def _request_interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    """The request-level signal (tracer/sidecar/overlap.py) for engines without step timing.
+
+    A request's TPOT spreads the stall of each step it shared with a prefill over all its decode steps, so
+    its ratio to clean requests' TPOT is diluted: with a step ratio R on the k of its N steps that carried a
+    prefill, TPOT_overlap / TPOT_clean = 1 + (R - 1) * k / N. The threshold is the step factor diluted the
+    same way, k / N estimated as overlapping prefills per decode step of the overlapped requests (at most 1).
+    Derivation and its limits: alerts/runbook.md#decodeinterference.
+    """
+    tpot, overlap = _Names.TPOT, PREFILL_OVERLAP_LABEL
+    kinds = g("pool", overlap)
+    return [
+        {
+            "record": f"pool_{overlap}:{tpot}:mean5m",
+            "expr": _promql(f"""
+                sum by ({kinds}) (rate({tpot}_sum[5m]))
+                /
+                sum by ({kinds}) (rate({tpot}_count[5m]))
+            """),
+        },
+        {
+            "record": f"pool_{overlap}:{tpot}_count:rate5m",
+            "expr": f"sum by ({kinds}) (rate({tpot}_count[5m]))",
+        },
+        {
+            "record": f"pool:{tpot}:overlap_ratio5m",
+            "expr": _promql(f"""
+                pool_{overlap}:{tpot}:mean5m{{{overlap}="true"}}
+                / ignoring ({overlap})
+                pool_{overlap}:{tpot}:mean5m{{{overlap}="false"}}
+            """),
+        },
+        {
+            # k / N: prefills that overlapped a decode per decode step of the overlapped requests.
+            "record": "pool:splitscope_decode_overlap:prefills_per_step5m",
+            "expr": _promql(f"""
+                sum by ({g('pool')}) (rate({_Names.OVERLAP_PREFILLS}[5m]))
+                /
+                sum by ({g('pool')}) (rate({_Names.DECODE_STEPS}{{{overlap}="true"}}[5m]))
+            """),
+        },
+        {
+            "record": f"pool:{tpot}:interference_threshold5m",
+            "expr": (f"1 + {_number(s.interference_factor - 1)} * "
+                     "clamp_max(pool:splitscope_decode_overlap:prefills_per_step5m, 1)"),
+        },
+    ]  # fmt: skip
+
+
 def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
-    step = _Names.STEP
+    step, tpot = _Names.STEP, _Names.TPOT
     kinds = g("pool", "prefill_in_step")
     enough_steps = f"min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m)"
+    enough_requests = f"min by ({g('pool')}) (pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m)"
     return [
         {
             "record": f"pool_prefill_in_step:{step}:mean5m",
@@ -247,9 +311,11 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
                 pool_prefill_in_step:{step}:p99_5m{{prefill_in_step="false"}}
             """),
         },
+        *_request_interference_records(s, g),
         {
             # 1 while the mean or the tail ratio is over its factor on enough steps, else 0 (a series of
-            # zeros, so that its average over the horizon is the share of time spent interfering).
+            # zeros, so that its average over the horizon is the share of time spent interfering). Pools
+            # without step timing (engines through the sidecar) fall back to the request-level signal.
             "record": "pool:splitscope_interference:active5m",
             "expr": _promql(f"""
                 (
@@ -263,7 +329,12 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
                     (pool:{step}:interference_ratio5m > bool {_number(s.interference_factor)})
                 )
                 * on ({g('pool')}) ({enough_steps} >= bool {_number(s.interference_min_steps_per_s)})
-            """),
+            """) + "\nor\n" + _tagged(
+                f"""
+                (pool:{tpot}:overlap_ratio5m > bool on ({g('pool')}) pool:{tpot}:interference_threshold5m)
+                * on ({g('pool')}) ({enough_requests} >= bool {_number(s.request_interference_min_requests_per_s)})
+                unless on ({g('pool')}) pool_prefill_in_step:{step}_count:rate5m
+                """, SIGNAL_LABEL, REQUEST_SIGNAL),
         },
         {
             "record": f"pool:{step}:prefill_time_share5m",
@@ -319,18 +390,28 @@ def _recommendation_records(s: AlertSettings, g: _Grouping) -> list[dict[str, An
             "expr": f"avg_over_time(pool:splitscope_interference:itl_missed5m[{horizon}])",
         },
         {
+            # Without step timing: time with a request in prefill over time with any request running,
+            # from request spans (the sidecar's busy counters), the same share of the pool's GPU time.
             "record": f"pool:{step}:prefill_time_share{horizon}",
             "expr": _promql(f"""
                 sum by ({g('pool')}) (rate({step}_sum{{prefill_in_step="true"}}[{horizon}]))
                 /
                 sum by ({g('pool')}) (rate({step}_sum[{horizon}]))
+                or
+                (
+                  sum by ({g('pool')}) (rate({_Names.PREFILL_BUSY}[{horizon}]))
+                  /
+                  sum by ({g('pool')}) (rate({_Names.BUSY}[{horizon}]) and {_Names.PREFILL_BUSY})
+                )
             """),
         },
     ]
 
 
 def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
-    step, horizon = _Names.STEP, s.recommend_horizon
+    step, horizon, tpot = _Names.STEP, s.recommend_horizon, _Names.TPOT
+    enough_requests = (f"(min by ({g('pool')}) (pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m) >= "
+                       f"{_number(s.request_interference_min_requests_per_s)})")  # fmt: skip
     enough_steps = (f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
                     f"{_number(s.interference_min_steps_per_s)})")  # fmt: skip
     share = _number(s.recommend_min_horizon_share)
@@ -342,6 +423,11 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
     prefill_share = f"pool:{step}:prefill_time_share{horizon}"
     on_pool = f"on ({g('pool')})"
     slo = f"SLO {_number(s.ttft_slo_s)} s to the first token, {_number(s.itl_slo_s * 1000)} ms between tokens"
+    # Empty for pools with step timing, so their text reads as before.
+    request_note = (f"{{{{ if $labels.{SIGNAL_LABEL} }}}} This pool reports no step timing (an engine watched "
+                    "through the sidecar): interference was judged from request TPOT (DecodeInterference's "
+                    "request-level signal) and the prefill share from time with a request in prefill over "
+                    "time with any request running.{{ end }}")
     judged = f"""Judged over the last {horizon}, so bursts that recur count and a single burst does not:
             for at least {share_pct}% of it the pool interfered (mean or p99 step-time ratio over its factor)
             while more than {_number((1 - s.recommend_attainment_ratio) * 100)}% of"""
@@ -355,15 +441,30 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
                         f"\nand {on_pool} {enough_steps}"
                         f"\nunless {on_pool} (pool:{step}:interference_ratio5m > {_number(s.interference_factor)})",
                         "statistic", "p99"),
+                # No step timing in the pool (an engine through the sidecar): the request-level signal.
+                _tagged(_tagged(
+                    f"(pool:{tpot}:overlap_ratio5m > {on_pool} pool:{tpot}:interference_threshold5m)"
+                    f"\nand {on_pool} {enough_requests}"
+                    f"\nunless {on_pool} pool_prefill_in_step:{step}_count:rate5m",
+                    "statistic", "mean"), SIGNAL_LABEL, REQUEST_SIGNAL),
             )),
             s.decode_interference_for, "warning",
-            f"Steps with prefill run {_value_2f()}x slower than pure decode steps in pool {{{{ $labels.pool }}}} "
-            "({{ $labels.statistic }})",
-            f"""Over the last 5 minutes the {{{{ $labels.statistic }}}} step time of iterations that carry
+            f"{{{{ if $labels.{SIGNAL_LABEL} }}}}Requests whose decode overlapped another request's prefill run "
+            f"{_value_2f()}x slower per output token in pool {{{{ $labels.pool }}}} (request TPOT)"
+            f"{{{{ else }}}}Steps with prefill run {_value_2f()}x slower than pure decode steps in pool "
+            "{{ $labels.pool }} ({{ $labels.statistic }}){{ end }}",
+            f"""{{{{ if $labels.{SIGNAL_LABEL} }}}}This pool reports no step timing (an engine watched through the
+            sidecar), so the signal is per request: over the last 5 minutes the mean time per output token of
+            requests whose decode overlapped another request's prefill on the same worker was {_value_2f()}
+            times that of requests whose decode did not. A request spreads each stall over all its tokens, so
+            the threshold is the step factor {_number(s.interference_factor)}x diluted by the overlapping
+            prefills per decode step (recorded as pool:{tpot}:interference_threshold5m; runbook). Every decode
+            request in a step with a prefill waits for it, which shows up as inter-token latency
+            spikes.{{{{ else }}}}Over the last 5 minutes the {{{{ $labels.statistic }}}} step time of iterations that carry
             prefill tokens was {_value_2f()} times that of decode-only iterations in pool
             {{{{ $labels.pool }}}} (thresholds: mean {_number(s.interference_factor)}x, p99
             {_number(s.interference_tail_factor)}x). Every decode request in such a step waits for the
-            prefill, which shows up as inter-token latency spikes.""",
+            prefill, which shows up as inter-token latency spikes.{{{{ end }}}}""",
         ),
         _alert(
             s, "SplitRecommended",
@@ -380,7 +481,7 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             for a split whatever the prefill load, since chunking delays first tokens further; an inter-token
             miss calls for one when prefill took at least {heavy_pct}% of the pool's step time over the
             {horizon}, enough load for a prefill pool of its own. Run `splitscope report` for the P:D
-            ratio.""",
+            ratio.{request_note}""",
         ),
         _alert(
             s, "ChunkedPrefillRecommended",
@@ -395,7 +496,7 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             f"""{judged} token gaps exceeded {_number(s.itl_slo_s * 1000)} ms, time to first token held, and
             prefill took under {heavy_pct}% of the pool's step time over the {horizon}: too little to keep a
             second pool busy. Chunk prefills under a token budget (or lower the budget if chunking is on);
-            `splitscope report` suggests one.""",
+            `splitscope report` suggests one.{request_note}""",
         ),
     ]  # fmt: skip
 
@@ -476,9 +577,15 @@ def _pool_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     """)
     return [
         {
-            # Router and workers may both export the gauge; max, not sum, so it is not counted twice.
+            # Router and workers may both export the gauge; max, not sum, so it is not counted twice. A
+            # pool watched through sidecars (one per engine instance, no gauge): the workers whose busy
+            # time is reported.
             "record": workers,
-            "expr": f"max by ({g('pool')}) ({_Names.WORKERS})",
+            "expr": _promql(f"""
+                max by ({g('pool')}) ({_Names.WORKERS})
+                or
+                count by ({g('pool')}) (count by ({g('pool', 'worker')}) ({_Names.PREFILL_BUSY}))
+            """),
         },
         {
             "record": "pool_worker:splitscope_worker_busy_seconds:rate5m",

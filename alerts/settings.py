@@ -47,6 +47,11 @@ class AlertSettings:
     interference_tail_factor: float = 3.0
     # Steps per second of EACH kind before the ratio is trusted (0.2/s is 60 steps in 5 minutes).
     interference_min_steps_per_s: float = 0.2
+    # Request-level fallback (engines without step timing, through the sidecar): finished requests per
+    # second of EACH kind (decode overlapped by another request's prefill, or not) before the TPOT ratio is
+    # trusted (0.05/s is 15 requests in 5 minutes). Its threshold is derived from `interference_factor`
+    # (alerts/rules.py `_request_interference_records`, runbook).
+    request_interference_min_requests_per_s: float = 0.05
     # Share of a colocated pool's step time spent in steps that carry prefill: at or above this the
     # prefill load would keep a pool of its own busy (split); below it chunking the prefill is cheaper.
     split_min_prefill_time_share: float = 0.3

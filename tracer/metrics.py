@@ -58,6 +58,7 @@ OVERLAP_PREFILL_TOKENS_COUNTER = "splitscope_decode_overlap_prefill_tokens_total
 OVERLAP_LATE_PREFILLS_COUNTER = "splitscope_decode_overlap_late_prefills_total"
 OVERLAP_UNCLASSIFIED_COUNTER = "splitscope_decode_overlap_unclassified_requests_total"
 PREFILL_OVERLAP_LABEL = "prefill_overlap"
+WORKER_PREFILL_BUSY_COUNTER = "splitscope_worker_prefill_busy_seconds_total"
 
 # Labels of the process, not of the catalogue: every series a process exports carries them.
 NAMESPACE_LABEL = "namespace"
@@ -180,6 +181,10 @@ class Catalogue:
             OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),
             "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
             ["pool"], registry=r)
+        self.worker_prefill_busy = Counter(
+            WORKER_PREFILL_BUSY_COUNTER.removesuffix("_total"),
+            "Time a worker had at least one request in prefill, from request spans (engines without step timing)",
+            ["pool", "worker"], registry=r)
         self.overlap_late_prefills = Counter(
             OVERLAP_LATE_PREFILLS_COUNTER.removesuffix("_total"),
             "Prefills that arrived after a decode they overlapped was classified (not counted in it)",

@@ -23,6 +23,7 @@ from tracer.metrics import (
     OVERLAP_PREFILLS_COUNTER,
     OVERLAP_UNCLASSIFIED_COUNTER,
     WORKER_BUSY_COUNTER,
+    WORKER_PREFILL_BUSY_COUNTER,
     Catalogue,
 )
 from tracer.sidecar.otlp_decode import decode_json
@@ -45,9 +46,9 @@ def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-def _truth(run: Run) -> tuple[int, int, int, int, dict[int, float]]:
-    """(requests with overlap, without, their decode steps, prefills overlapping, busy seconds per worker)
-    from the oracle's own iterations."""
+def _truth(run: Run) -> tuple[int, int, int, int, dict[int, tuple[float, float]]]:
+    """(requests with overlap, without, their decode steps, (busy, prefill busy) seconds per worker) from
+    the oracle's own iterations."""
     by_worker: dict[int, list] = {}
     for it in run.iterations or []:
         by_worker.setdefault(it.worker, []).append(it)
@@ -63,7 +64,8 @@ def _truth(run: Run) -> tuple[int, int, int, int, dict[int, float]]:
         else:
             clean += 1
             steps_false += r.output_tokens - 1
-    busy = {w: sum(it.end_s - it.start_s for it in its) for w, its in by_worker.items()}
+    busy = {w: (sum(it.end_s - it.start_s for it in its), sum(it.end_s - it.start_s for it in its if it.prefill_tokens))
+            for w, its in by_worker.items()}
     return overlapped, clean, steps_true, steps_false, busy
 
 
@@ -108,9 +110,10 @@ def test_classification_matches_the_oracles_iterations(case_name: str, kind: str
     assert _value(registry, DECODE_STEPS_COUNTER, pool="colocated", prefill_overlap="true") == steps_true
     assert _value(registry, DECODE_STEPS_COUNTER, pool="colocated", prefill_overlap="false") == steps_false
     assert _value(registry, OVERLAP_LATE_PREFILLS_COUNTER, pool="colocated") == 0
-    for worker, seconds in busy.items():
-        measured = _value(registry, WORKER_BUSY_COUNTER, pool="colocated", worker=f"vllm-{worker}")
-        assert measured == pytest.approx(seconds, rel=1e-6)
+    for worker, (busy_s, prefill_busy_s) in busy.items():
+        labels = {"pool": "colocated", "worker": f"vllm-{worker}"}
+        assert _value(registry, WORKER_BUSY_COUNTER, **labels) == pytest.approx(busy_s, rel=1e-6)
+        assert _value(registry, WORKER_PREFILL_BUSY_COUNTER, **labels) == pytest.approx(prefill_busy_s, rel=1e-6)
     # Interfered decodes are slower per token (the oracle's prefill tokens cost time in their steps).
     mean = {flag: _value(registry, DECODE_TPOT_HISTOGRAM + "_sum", pool="colocated", prefill_overlap=flag)
             / _value(registry, count, pool="colocated", prefill_overlap=flag) for flag in ("true", "false")}

@@ -10,6 +10,7 @@ prefill intervals and classifies each finished decode by the prefill work that o
     splitscope_decode_overlap_classified_steps_total{pool, prefill_overlap}   its decode steps (tokens - 1)
     splitscope_decode_overlap_prefills_total{pool}, ..._prefill_tokens_total{pool}   the overlapping work
     splitscope_worker_busy_seconds_total{pool, worker}   time with at least one request in prefill or decode
+    splitscope_worker_prefill_busy_seconds_total{pool, worker}   time with at least one request in prefill
 
 Waiting, bounded: a request's span arrives when it finishes, so a prefill that overlapped decode D may
 arrive after D (its request decodes on). D is held until the worker's timeline (the latest stage end seen
@@ -57,6 +58,7 @@ class _Worker:
     held: deque[tuple[int, int, int]] = field(default_factory=deque)  # decodes (start, end, output tokens)
     classified: list[tuple[int, int]] = field(default_factory=list)  # recent classified decodes, by start
     busy: list[tuple[int, int]] = field(default_factory=list)  # stage intervals not yet settled
+    prefill_busy: list[tuple[int, int]] = field(default_factory=list)  # the prefill ones among them
     timeline_ns: int = 0  # latest stage end seen
     timeline_moved_s: float = 0.0  # monotonic time it last moved
     settled_ns: int = 0  # busy time and classification are final up to here
@@ -105,6 +107,8 @@ class OverlapClassifier:
             worker.timeline_ns, worker.timeline_moved_s = end, self._clock_s()
         if end > worker.settled_ns:
             worker.busy.append((max(start, worker.settled_ns), end))
+            if stage.name == s.SPAN_PREFILL:
+                worker.prefill_busy.append((max(start, worker.settled_ns), end))
         if stage.name == s.SPAN_PREFILL:
             tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
             if self._overlaps_classified(worker, start, end):
@@ -186,20 +190,20 @@ class OverlapClassifier:
         return any(min(end, d1) - max(start, d0) >= MIN_OVERLAP_NS for d0, d1 in classified[lo:hi])
 
     def _settle_busy(self, worker: _Worker, horizon_ns: int) -> None:
-        """Add the union of stage intervals between the settled mark and `horizon_ns` to busy seconds."""
-        settled, busy_ns, cursor = worker.settled_ns, 0, worker.settled_ns
-        for start, end in sorted(worker.busy):
-            start, end = max(start, cursor), min(end, horizon_ns)
-            if end > start:
-                busy_ns += end - start
-                cursor = end
-        if busy_ns:
-            self._busy(worker).inc(busy_ns / _NS)
+        """Add the union of stage intervals (and of prefill ones) between the settled mark and `horizon_ns`
+        to busy seconds (and prefill busy seconds)."""
+        busy_s, prefill_busy_s = self._busy(worker)
+        for intervals, counter in ((worker.busy, busy_s), (worker.prefill_busy, prefill_busy_s)):
+            covered_ns = _union_ns(intervals, worker.settled_ns, horizon_ns)
+            if covered_ns:
+                counter.inc(covered_ns / _NS)
         worker.busy = [(max(a, horizon_ns), b) for a, b in worker.busy if b > horizon_ns]
-        worker.settled_ns = max(settled, horizon_ns)
+        worker.prefill_busy = [(max(a, horizon_ns), b) for a, b in worker.prefill_busy if b > horizon_ns]
+        worker.settled_ns = max(worker.settled_ns, horizon_ns)
 
-    def _busy(self, worker: _Worker) -> Any:
-        return self.catalogue.worker_busy.labels(pool=worker.pool, worker=worker.name)
+    def _busy(self, worker: _Worker) -> tuple[Any, Any]:
+        labels = {"pool": worker.pool, "worker": worker.name}
+        return self.catalogue.worker_busy.labels(**labels), self.catalogue.worker_prefill_busy.labels(**labels)
 
     def _child(self, pool: str) -> tuple[Any, ...]:
         children = self._children.get(pool)
@@ -216,6 +220,17 @@ class OverlapClassifier:
                 c.overlap_unclassified.labels(pool=pool),
             )
         return children
+
+
+def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:
+    """Length of the union of `intervals` clipped to [from_ns, to_ns)."""
+    covered_ns, cursor = 0, from_ns
+    for start, end in sorted(intervals):
+        start, end = max(start, cursor), min(end, to_ns)
+        if end > start:
+            covered_ns += end - start
+            cursor = end
+    return covered_ns
 
 
 def _first_start_at_or_after(prefills: list[tuple[int, int, int]], start_ns: int) -> int:
