@@ -376,7 +376,7 @@ def _recommendation_records(s: AlertSettings, g: _Grouping) -> list[dict[str, An
         {
             "record": "pool:splitscope_interference:itl_missed5m",
             "expr": _promql(f"""
-                {active} * on ({g('pool')}) pool:{_Names.ITL}:slo_missed5m
+                {active} * on ({g('pool')}) group_left () pool:{_Names.ITL}:slo_missed5m
                 or
                 {active} * 0
             """),
