@@ -53,9 +53,12 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
 @click.option("--max-queued-spans", type=click.IntRange(1), default=262_144, show_default=True, help="Ingest queue bound.")
 @click.option("--max-body-bytes", type=click.IntRange(1024), default=4 * 1024 * 1024, show_default=True,
               help="Largest OTLP request, after decompression.")
+@click.option("--overlap-hold", type=click.FloatRange(0.001, 3600), default=30.0, show_default=True,
+              help="Seconds of the engine's timeline a finished decode waits for the prefills that overlapped it "
+              "(request-level interference); later ones are counted as late.")
 @click.option("--no-gpu", is_flag=True, help="Do not sample GPUs through NVML.")
 def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, traces_file, metrics_port, pool, worker,
-                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, no_gpu) -> None:  # fmt: skip
+                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, overlap_hold, no_gpu) -> None:  # fmt: skip
     """Receive telemetry beside a serving engine (OTLP, vLLM spans, our workers' records) and emit splitscope's."""
     from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 
@@ -69,7 +72,7 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
         host=host, http_port=None if no_http else http_port, grpc_port=None if no_grpc else grpc_port,
         unix_socket=unix_socket, traces_file=traces_file, metrics_port=metrics_port, pool=pool, worker=worker,
         mode=mode, model=model, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
-        max_body_bytes=max_body_bytes, gpu=not no_gpu,
+        max_body_bytes=max_body_bytes, gpu=not no_gpu, overlap_hold_s=overlap_hold,
     )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
