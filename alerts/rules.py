@@ -27,10 +27,12 @@ import yaml
 
 from alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import (
+    DECODE_SECONDS_COUNTER,
     DECODE_STEPS_COUNTER,
     DECODE_TPOT_HISTOGRAM,
     ITL_HISTOGRAM,
-    OVERLAP_PREFILLS_COUNTER,
+    OVERLAP_PREFILL_SECONDS_COUNTER,
+    OVERLAP_PREFILL_STEPS_COUNTER,
     PREFILL_OVERLAP_LABEL,
     KV_TRANSFER_FAILURES_COUNTER,
     POOL_WORKERS_GAUGE,
@@ -87,7 +89,9 @@ class _Names:
     WAITING = REQUESTS_WAITING_GAUGE
     TPOT = DECODE_TPOT_HISTOGRAM
     DECODE_STEPS = DECODE_STEPS_COUNTER
-    OVERLAP_PREFILLS = OVERLAP_PREFILLS_COUNTER
+    DECODE_SECONDS = DECODE_SECONDS_COUNTER
+    PREFILL_STEPS = OVERLAP_PREFILL_STEPS_COUNTER
+    PREFILL_SECONDS = OVERLAP_PREFILL_SECONDS_COUNTER
     PREFILL_BUSY = WORKER_PREFILL_BUSY_COUNTER
 
 
@@ -225,14 +229,25 @@ def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
 def _request_interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     """The request-level signal (tracer/sidecar/overlap.py) for engines without step timing.
 
-    A request's TPOT spreads the stall of each step it shared with a prefill over all its decode steps, so
-    its ratio to clean requests' TPOT is diluted: with a step ratio R on the k of its N steps that carried a
-    prefill, TPOT_overlap / TPOT_clean = 1 + (R - 1) * k / N. The threshold is the step factor diluted the
-    same way, k / N estimated as overlapping prefills per decode step of the overlapped requests (at most 1).
-    Derivation and its limits: alerts/runbook.md#decodeinterference.
+    A request's TPOT spreads the stall of each step it shared with a prefill over all its N decode steps:
+    with a step ratio R on k of them, TPOT_overlapped / TPOT_clean = 1 + (R - 1) * k / N, so the TPOT ratio
+    matching the step factor is 1 + (factor - 1) * k / N (recorded for the dashboards, k / N from the
+    sidecar). The alert undoes the dilution instead: each overlapped decode's k steps with a prefill (their
+    time, the union of the prefill windows inside it) against its N - k decode-only steps (the rest of its
+    time) estimate R at the same batch and context, compared with the step factor itself. Runbook:
+    alerts/runbook.md#decodeinterference.
     """
     tpot, overlap = _Names.TPOT, PREFILL_OVERLAP_LABEL
     kinds = g("pool", overlap)
+    by = g("pool")
+
+    def rate_true(counter: str) -> str:
+        return f'sum by ({by}) (rate({counter}{{{overlap}="true"}}[5m]))'
+
+    def rate(counter: str) -> str:
+        return f"sum by ({by}) (rate({counter}[5m]))"
+
+    prefill_steps, prefill_seconds = rate(_Names.PREFILL_STEPS), rate(_Names.PREFILL_SECONDS)
     return [
         {
             "record": f"pool_{overlap}:{tpot}:mean5m",
@@ -255,18 +270,29 @@ def _request_interference_records(s: AlertSettings, g: _Grouping) -> list[dict[s
             """),
         },
         {
-            # k / N: prefills that overlapped a decode per decode step of the overlapped requests.
-            "record": "pool:splitscope_decode_overlap:prefills_per_step5m",
+            # The TPOT ratio that matches the step factor: 1 + (factor - 1) * k / N.
+            "record": f"pool:{tpot}:interference_threshold5m",
             "expr": _promql(f"""
-                sum by ({g('pool')}) (rate({_Names.OVERLAP_PREFILLS}[5m]))
-                /
-                sum by ({g('pool')}) (rate({_Names.DECODE_STEPS}{{{overlap}="true"}}[5m]))
+                1 + {_number(s.interference_factor - 1)} * clamp_max(
+                  {prefill_steps}
+                  /
+                  {rate_true(_Names.DECODE_STEPS)},
+                  1
+                )
             """),
         },
         {
-            "record": f"pool:{tpot}:interference_threshold5m",
-            "expr": (f"1 + {_number(s.interference_factor - 1)} * "
-                     "clamp_max(pool:splitscope_decode_overlap:prefills_per_step5m, 1)"),
+            # R from requests: mean time of their steps with a prefill over that of their decode-only steps.
+            "record": "pool:splitscope_decode_overlap:interference_ratio5m",
+            "expr": _promql(f"""
+                ({prefill_seconds} / {prefill_steps})
+                /
+                (
+                  ({rate_true(_Names.DECODE_SECONDS)} - {prefill_seconds})
+                  /
+                  ({rate_true(_Names.DECODE_STEPS)} - {prefill_steps} > 0)
+                )
+            """),
         },
     ]  # fmt: skip
 
@@ -275,7 +301,7 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
     step, tpot = _Names.STEP, _Names.TPOT
     kinds = g("pool", "prefill_in_step")
     enough_steps = f"min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m)"
-    enough_requests = f"min by ({g('pool')}) (pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m)"
+    enough_requests = f'pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}}'
     return [
         {
             "record": f"pool_prefill_in_step:{step}:mean5m",
@@ -331,7 +357,7 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
                 * on ({g('pool')}) ({enough_steps} >= bool {_number(s.interference_min_steps_per_s)})
             """) + "\nor\n" + _tagged(
                 f"""
-                (pool:{tpot}:overlap_ratio5m > bool on ({g('pool')}) pool:{tpot}:interference_threshold5m)
+                (pool:splitscope_decode_overlap:interference_ratio5m > bool {_number(s.interference_factor)})
                 * on ({g('pool')}) ({enough_requests} >= bool {_number(s.request_interference_min_requests_per_s)})
                 unless on ({g('pool')}) pool_prefill_in_step:{step}_count:rate5m
                 """, SIGNAL_LABEL, REQUEST_SIGNAL),
@@ -410,7 +436,7 @@ def _recommendation_records(s: AlertSettings, g: _Grouping) -> list[dict[str, An
 
 def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     step, horizon, tpot = _Names.STEP, s.recommend_horizon, _Names.TPOT
-    enough_requests = (f"(min by ({g('pool')}) (pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m) >= "
+    enough_requests = (f'(pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}} >= '
                        f"{_number(s.request_interference_min_requests_per_s)})")  # fmt: skip
     enough_steps = (f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
                     f"{_number(s.interference_min_steps_per_s)})")  # fmt: skip
@@ -425,7 +451,7 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
     slo = f"SLO {_number(s.ttft_slo_s)} s to the first token, {_number(s.itl_slo_s * 1000)} ms between tokens"
     # Empty for pools with step timing, so their text reads as before.
     request_note = (f"{{{{ if $labels.{SIGNAL_LABEL} }}}} This pool reports no step timing (an engine watched "
-                    "through the sidecar): interference was judged from request TPOT (DecodeInterference's "
+                    "through the sidecar): interference was judged from request spans (DecodeInterference's "
                     "request-level signal) and the prefill share from time with a request in prefill over "
                     "time with any request running.{{ end }}")
     judged = f"""Judged over the last {horizon}, so bursts that recur count and a single burst does not:
@@ -443,23 +469,23 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
                         "statistic", "p99"),
                 # No step timing in the pool (an engine through the sidecar): the request-level signal.
                 _tagged(_tagged(
-                    f"(pool:{tpot}:overlap_ratio5m > {on_pool} pool:{tpot}:interference_threshold5m)"
+                    f"(pool:splitscope_decode_overlap:interference_ratio5m > {_number(s.interference_factor)})"
                     f"\nand {on_pool} {enough_requests}"
                     f"\nunless {on_pool} pool_prefill_in_step:{step}_count:rate5m",
                     "statistic", "mean"), SIGNAL_LABEL, REQUEST_SIGNAL),
             )),
             s.decode_interference_for, "warning",
-            f"{{{{ if $labels.{SIGNAL_LABEL} }}}}Requests whose decode overlapped another request's prefill run "
-            f"{_value_2f()}x slower per output token in pool {{{{ $labels.pool }}}} (request TPOT)"
+            f"{{{{ if $labels.{SIGNAL_LABEL} }}}}Steps with prefill run {_value_2f()}x slower than decode-only steps "
+            "in pool {{ $labels.pool }} (from request spans)"
             f"{{{{ else }}}}Steps with prefill run {_value_2f()}x slower than pure decode steps in pool "
             "{{ $labels.pool }} ({{ $labels.statistic }}){{ end }}",
             f"""{{{{ if $labels.{SIGNAL_LABEL} }}}}This pool reports no step timing (an engine watched through the
-            sidecar), so the signal is per request: over the last 5 minutes the mean time per output token of
-            requests whose decode overlapped another request's prefill on the same worker was {_value_2f()}
-            times that of requests whose decode did not. A request spreads each stall over all its tokens, so
-            the threshold is the step factor {_number(s.interference_factor)}x diluted by the overlapping
-            prefills per decode step (recorded as pool:{tpot}:interference_threshold5m; runbook). Every decode
-            request in a step with a prefill waits for it, which shows up as inter-token latency
+            sidecar), so the steps are read from requests: over the last 5 minutes, inside the decodes that
+            another request's prefill overlapped on the same worker, the steps that carried a prefill took
+            {_value_2f()} times as long as the decode-only steps (threshold {_number(s.interference_factor)}x,
+            the step factor: splitting each decode into its prefill-carrying and decode-only steps undoes the
+            dilution of a request's time per output token; runbook). Every decode request in a step with a
+            prefill waits for it, which shows up as inter-token latency
             spikes.{{{{ else }}}}Over the last 5 minutes the {{{{ $labels.statistic }}}} step time of iterations that carry
             prefill tokens was {_value_2f()} times that of decode-only iterations in pool
             {{{{ $labels.pool }}}} (thresholds: mean {_number(s.interference_factor)}x, p99

@@ -53,7 +53,9 @@ REQUESTS_WAITING_GAUGE = "splitscope_requests_waiting"
 # each finished request's decode, classified by whether another request's prefill ran on its worker meanwhile.
 DECODE_TPOT_HISTOGRAM = "splitscope_decode_tpot_seconds"
 DECODE_STEPS_COUNTER = "splitscope_decode_overlap_classified_steps_total"
-OVERLAP_PREFILLS_COUNTER = "splitscope_decode_overlap_prefills_total"
+DECODE_SECONDS_COUNTER = "splitscope_decode_overlap_classified_seconds_total"
+OVERLAP_PREFILL_STEPS_COUNTER = "splitscope_decode_overlap_prefill_steps_total"
+OVERLAP_PREFILL_SECONDS_COUNTER = "splitscope_decode_overlap_prefill_seconds_total"
 OVERLAP_PREFILL_TOKENS_COUNTER = "splitscope_decode_overlap_prefill_tokens_total"
 OVERLAP_LATE_PREFILLS_COUNTER = "splitscope_decode_overlap_late_prefills_total"
 OVERLAP_UNCLASSIFIED_COUNTER = "splitscope_decode_overlap_unclassified_requests_total"
@@ -173,9 +175,17 @@ class Catalogue:
             DECODE_STEPS_COUNTER.removesuffix("_total"),
             "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
             ["pool", PREFILL_OVERLAP_LABEL], registry=r)
-        self.overlap_prefills = Counter(
-            OVERLAP_PREFILLS_COUNTER.removesuffix("_total"),
-            "Other requests' prefills that overlapped a classified decode on its worker, counted per decode",
+        self.decode_classified_seconds = Counter(
+            DECODE_SECONDS_COUNTER.removesuffix("_total"),
+            "Decode time of the requests splitscope_decode_tpot_seconds classified",
+            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+        self.overlap_prefill_steps = Counter(
+            OVERLAP_PREFILL_STEPS_COUNTER.removesuffix("_total"),
+            "Steps of overlapped decodes that carried another request's prefill (prefills starting together: one step)",
+            ["pool"], registry=r)
+        self.overlap_prefill_seconds = Counter(
+            OVERLAP_PREFILL_SECONDS_COUNTER.removesuffix("_total"),
+            "Time of those steps: the union of the overlapping prefill windows inside each decode",
             ["pool"], registry=r)
         self.overlap_prefill_tokens = Counter(
             OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),

@@ -8,7 +8,19 @@ prefill intervals and classifies each finished decode by the prefill work that o
 
     splitscope_decode_tpot_seconds{pool, prefill_overlap="true|false"}   one value per classified request
     splitscope_decode_overlap_classified_steps_total{pool, prefill_overlap}   its decode steps (tokens - 1)
-    splitscope_decode_overlap_prefills_total{pool}, ..._prefill_tokens_total{pool}   the overlapping work
+    splitscope_decode_overlap_classified_seconds_total{pool, prefill_overlap}   its decode time
+    splitscope_decode_overlap_prefill_steps_total{pool}   the steps of overlapped decodes that carried a prefill
+    splitscope_decode_overlap_prefill_seconds_total{pool}   the time of those steps (union of the prefill windows)
+    splitscope_decode_overlap_prefill_tokens_total{pool}   the overlapping prefills' uncached tokens
+
+A request's TPOT spreads each stall over all its tokens (diluted). Splitting each overlapped decode into
+its k steps that carried a prefill (time T_p) and its N - k decode-only steps (the rest of its time) undoes
+that: summed over requests, (T_p / k) / ((T - T_p) / (N - k)) estimates the step-time ratio the step
+signal measures, compared at the same batch and context because both parts are the same request's decode
+(alerts/runbook.md#decodeinterference). Under colocated scheduling a whole prefill is one step; prefills
+batched into one step start together and count once. Under chunked prefill a prompt's window spans
+several steps and would count as one, overstating the time of a prefill step: a sidecar in `--mode
+chunked` leaves those two counters out (the TPOT split and the rest stay).
     splitscope_worker_busy_seconds_total{pool, worker}   time with at least one request in prefill or decode
     splitscope_worker_prefill_busy_seconds_total{pool, worker}   time with at least one request in prefill
 
@@ -76,8 +88,11 @@ class OverlapClassifier:
         hold_s: float = DEFAULT_HOLD_S,
         max_held: int = DEFAULT_MAX_HELD,
         max_prefills: int = DEFAULT_MAX_PREFILLS,
+        prefill_in_one_step: bool = True,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`prefill_in_one_step=False` (a chunked-prefill engine: one prefill window spans several steps):
+        decodes are still classified and timed, but their prefill-carrying steps are not estimated."""
         if hold_s <= 0 or max_held < 1 or max_prefills < 1:
             raise ValueError("hold_s must be > 0, max_held and max_prefills >= 1")
         self.catalogue = catalogue
@@ -85,6 +100,7 @@ class OverlapClassifier:
         self.max_held = max_held
         self.max_prefills = max_prefills
         self._clock_s = clock_s
+        self.prefill_in_one_step = prefill_in_one_step
         self._workers: dict[tuple[str, str], _Worker] = {}
         self._children: dict[str, tuple[Any, ...]] = {}
 
@@ -112,7 +128,7 @@ class OverlapClassifier:
         if stage.name == s.SPAN_PREFILL:
             tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
             if self._overlaps_classified(worker, start, end):
-                self._child(pool)[6].inc()  # it overlapped a decode already classified without it
+                self._child(pool).late_prefills.inc()  # it overlapped a decode already classified without it
             insort(worker.prefills, (start, end, max(tokens, 0)))
             worker.longest_prefill_ns = max(worker.longest_prefill_ns, end - start)
             if len(worker.prefills) > self.max_prefills:
@@ -124,7 +140,7 @@ class OverlapClassifier:
             worker.held.append((start, end, steps))
             if len(worker.held) > self.max_held:
                 worker.held.popleft()
-                self._child(pool)[7].inc()
+                self._child(pool).unclassified.inc()
 
     def advance(self) -> int:
         """Classify the decodes whose hold has passed and settle busy time; returns how many were
@@ -143,35 +159,46 @@ class OverlapClassifier:
         return done
 
     def _classify(self, worker: _Worker, horizon_ns: int) -> int:
-        tpot_true, tpot_false, steps_true, steps_false, prefills_c, tokens_c = self._child(worker.pool)[:6]
+        m = self._child(worker.pool)
         ready = [d for d in worker.held if d[1] <= horizon_ns]
         if not ready:
             return 0
         worker.held = deque(d for d in worker.held if d[1] > horizon_ns)
         prefills = worker.prefills
         for d0, d1, steps in ready:
-            count, tokens = 0, 0.0
             # Prefills sorted by start: those that start before d1 and end after d0 (none of them ends
             # later than it started plus the longest prefill seen).
             lo = _first_start_at_or_after(prefills, d0 - worker.longest_prefill_ns)
+            shared = []
+            tokens = 0.0
             for p0, p1, p_tokens in prefills[lo : _first_start_at_or_after(prefills, d1 - MIN_OVERLAP_NS)]:
-                shared_ns = min(p1, d1) - max(p0, d0)
-                if shared_ns >= MIN_OVERLAP_NS:
-                    count += 1
+                a, b = max(p0, d0), min(p1, d1)
+                if b - a >= MIN_OVERLAP_NS:
+                    shared.append((a, b))
                     # Chunked prefill spreads a prompt over its window: the part inside the decode is the
                     # part of the work that shared its steps.
-                    tokens += p_tokens * shared_ns / max(p1 - p0, 1)
-            tpot_s = (d1 - d0) / _NS / steps
-            if count:
-                tpot_true.observe(tpot_s)
-                steps_true.inc(steps)
-                prefills_c.inc(count)
-                tokens_c.inc(tokens)
+                    tokens += p_tokens * (b - a) / max(p1 - p0, 1)
+            decode_ns = d1 - d0
+            tpot_s = decode_ns / _NS / steps
+            if shared:
+                # The steps of this decode that carried a prefill: prefills batched into one step share
+                # its window (starts within MIN_OVERLAP_NS: one step), and their union is the time spent
+                # in them. The rest of the decode ran decode-only steps, at the same batch and context.
+                prefill_steps = min(_distinct_starts(shared), steps)
+                prefill_ns = min(_union_ns(shared, d0, d1), decode_ns)
+                m.tpot_true.observe(tpot_s)
+                m.steps_true.inc(steps)
+                m.seconds_true.inc(decode_ns / _NS)
+                m.prefill_tokens.inc(tokens)
+                if self.prefill_in_one_step:
+                    m.prefill_steps.inc(prefill_steps)
+                    m.prefill_seconds.inc(prefill_ns / _NS)
             else:
-                tpot_false.observe(tpot_s)
-                steps_false.inc(steps)
+                m.tpot_false.observe(tpot_s)
+                m.steps_false.inc(steps)
+                m.seconds_false.inc(decode_ns / _NS)
             insort(worker.classified, (d0, d1))
-            worker.longest_decode_ns = max(worker.longest_decode_ns, d1 - d0)
+            worker.longest_decode_ns = max(worker.longest_decode_ns, decode_ns)
         # Forget what no held or future decode can overlap: prefills that ended before the oldest decode
         # still held (or the horizon), classified decodes a hold before the horizon.
         oldest = min((d[0] for d in worker.held), default=horizon_ns)
@@ -205,21 +232,50 @@ class OverlapClassifier:
         labels = {"pool": worker.pool, "worker": worker.name}
         return self.catalogue.worker_busy.labels(**labels), self.catalogue.worker_prefill_busy.labels(**labels)
 
-    def _child(self, pool: str) -> tuple[Any, ...]:
+    def _child(self, pool: str) -> _PoolMetrics:
         children = self._children.get(pool)
         if children is None:
-            c = self.catalogue
-            children = self._children[pool] = (
-                c.decode_tpot.labels(pool=pool, prefill_overlap="true"),
-                c.decode_tpot.labels(pool=pool, prefill_overlap="false"),
-                c.decode_classified_steps.labels(pool=pool, prefill_overlap="true"),
-                c.decode_classified_steps.labels(pool=pool, prefill_overlap="false"),
-                c.overlap_prefills.labels(pool=pool),
-                c.overlap_prefill_tokens.labels(pool=pool),
-                c.overlap_late_prefills.labels(pool=pool),
-                c.overlap_unclassified.labels(pool=pool),
-            )
+            children = self._children[pool] = _PoolMetrics.bind(self.catalogue, pool)
         return children
+
+
+@dataclass(frozen=True)
+class _PoolMetrics:
+    """The classifier's label children for one pool, bound once."""
+
+    tpot_true: Any
+    tpot_false: Any
+    steps_true: Any
+    steps_false: Any
+    seconds_true: Any
+    seconds_false: Any
+    prefill_steps: Any
+    prefill_seconds: Any
+    prefill_tokens: Any
+    late_prefills: Any
+    unclassified: Any
+
+    @classmethod
+    def bind(cls, c: Catalogue, pool: str) -> _PoolMetrics:
+        def both(family: Any) -> tuple[Any, Any]:
+            return family.labels(pool=pool, prefill_overlap="true"), family.labels(pool=pool, prefill_overlap="false")
+
+        return cls(
+            *both(c.decode_tpot), *both(c.decode_classified_steps), *both(c.decode_classified_seconds),
+            c.overlap_prefill_steps.labels(pool=pool), c.overlap_prefill_seconds.labels(pool=pool),
+            c.overlap_prefill_tokens.labels(pool=pool), c.overlap_late_prefills.labels(pool=pool),
+            c.overlap_unclassified.labels(pool=pool),
+        )  # fmt: skip
+
+
+def _distinct_starts(intervals: list[tuple[int, int]]) -> int:
+    """Steps among overlapping prefill windows: windows starting within MIN_OVERLAP_NS of a step's first
+    window belong to that step."""
+    count, step_start = 0, None
+    for start, _ in sorted(intervals):
+        if step_start is None or start - step_start >= MIN_OVERLAP_NS:
+            count, step_start = count + 1, start
+    return count
 
 
 def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:

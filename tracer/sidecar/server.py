@@ -35,7 +35,7 @@ from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
-from tracer.vocabulary import DropReason
+from tracer.vocabulary import DropReason, Mode
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,8 @@ class Sidecar:
             vllm_span_metrics="vllm" not in scraped_engines,
             sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
             on_error=self._count_drop,
-            overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s),
+            overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s,
+                                      prefill_in_one_step=config.mode != Mode.CHUNKED),
         )  # fmt: skip
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None
