@@ -166,7 +166,8 @@ class Catalogue:
         self.requests_finished = Counter(
             REQUESTS_FINISHED, "Finished requests by finish reason (stop, length, abort, error)",
             ["pool", "reason"], registry=r)
-        self.decode_tpot = Histogram(
+        # Fed a batch of finished requests at a time (the sidecar's classifier), no exemplar.
+        self.decode_tpot = BulkHistogram(
             DECODE_TPOT_HISTOGRAM,
             "A finished request's decode time per output token after the first, split by whether another "
             "request's prefill ran on its worker during its decode (engines without step timing)",

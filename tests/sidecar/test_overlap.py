@@ -106,6 +106,7 @@ def _classify(run: Run, clock: FakeClock, registry: CollectorRegistry) -> Overla
         classifier.add(stage)
         if i % 50 == 0:
             classifier.advance()
+    classifier.advance()  # as the export thread does after every drain
     clock.now_s += 2 * HOLD_S  # the engine goes quiet: every held decode's hold passes
     classifier.advance()
     return classifier

@@ -46,6 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from tracer import spans as s
 from tracer.metrics import Catalogue
 
@@ -58,6 +60,8 @@ DEFAULT_MAX_PREFILLS = 65_536  # prefill intervals kept per worker
 # engine step that really shares the GPU lasts milliseconds.
 MIN_OVERLAP_NS = 1_000_000
 _NS = 1_000_000_000
+_LONG_AGO_NS = -(2**62)  # before any start, and far enough from int64's end that subtracting it cannot overflow
+_GROUP_DECODES = 32  # decodes classified together: bounds the [decodes x prefills] matrix
 
 
 @dataclass
@@ -72,10 +76,12 @@ class _Worker:
     busy: list[tuple[int, int]] = field(default_factory=list)  # stage intervals not yet settled
     prefill_busy: list[tuple[int, int]] = field(default_factory=list)  # the prefill ones among them
     timeline_ns: int = 0  # latest stage end seen
-    timeline_moved_s: float = 0.0  # monotonic time it last moved
+    timeline_moved_s: float = 0.0  # monotonic time `advance` first saw it where it is
+    timeline_seen_ns: int = -1
     settled_ns: int = 0  # busy time and classification are final up to here
     longest_prefill_ns: int = 0
     longest_decode_ns: int = 0
+    classified_end_ns: int = 0  # the latest end among classified decodes
 
 
 class OverlapClassifier:
@@ -107,30 +113,34 @@ class OverlapClassifier:
     def add(self, stage: s.SpanData) -> None:
         """Note one of our stage spans made from an engine's span (prefill and decode matter; others are
         ignored). Export thread; O(log n) for a prefill, O(1) for a decode."""
+        is_prefill = stage.name == s.SPAN_PREFILL
+        if not is_prefill and stage.name != s.SPAN_DECODE:
+            return
         attrs = stage.attributes
-        if stage.name not in (s.SPAN_PREFILL, s.SPAN_DECODE):
-            return
-        pool, name = attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER)
-        if not isinstance(pool, str) or not isinstance(name, str):
-            return
-        worker = self._workers.get((pool, name))
+        key = (attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER))
+        worker = self._workers.get(key)
         if worker is None:
-            worker = self._workers[(pool, name)] = _Worker(pool, name, timeline_moved_s=self._clock_s())
+            if not isinstance(key[0], str) or not isinstance(key[1], str):
+                return
+            worker = self._workers[key] = _Worker(key[0], key[1])
         start, end = stage.start_ns, stage.end_ns
         if end > worker.timeline_ns:
             if worker.timeline_ns == 0:
                 worker.settled_ns = start
-            worker.timeline_ns, worker.timeline_moved_s = end, self._clock_s()
+            worker.timeline_ns = end
         if end > worker.settled_ns:
-            worker.busy.append((max(start, worker.settled_ns), end))
-            if stage.name == s.SPAN_PREFILL:
-                worker.prefill_busy.append((max(start, worker.settled_ns), end))
-        if stage.name == s.SPAN_PREFILL:
+            interval = (start if start > worker.settled_ns else worker.settled_ns, end)
+            worker.busy.append(interval)
+            if is_prefill:
+                worker.prefill_busy.append(interval)
+        if is_prefill:
             tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
-            if self._overlaps_classified(worker, start, end):
-                self._child(pool).late_prefills.inc()  # it overlapped a decode already classified without it
-            insort(worker.prefills, (start, end, max(tokens, 0)))
-            worker.longest_prefill_ns = max(worker.longest_prefill_ns, end - start)
+            # Usually a prefill starts after every classified decode ended (they wait out the hold first).
+            if start < worker.classified_end_ns and self._overlaps_classified(worker, start, end):
+                self._child(worker.pool).late_prefills.inc()  # it overlapped a decode classified without it
+            insort(worker.prefills, (start, end, tokens if tokens > 0 else 0))
+            if end - start > worker.longest_prefill_ns:
+                worker.longest_prefill_ns = end - start
             if len(worker.prefills) > self.max_prefills:
                 del worker.prefills[0]  # the oldest start: a decode that still needs it is counted late
         else:
@@ -140,7 +150,7 @@ class OverlapClassifier:
             worker.held.append((start, end, steps))
             if len(worker.held) > self.max_held:
                 worker.held.popleft()
-                self._child(pool).unclassified.inc()
+                self._child(worker.pool).unclassified.inc()
 
     def advance(self) -> int:
         """Classify the decodes whose hold has passed and settle busy time; returns how many were
@@ -150,6 +160,8 @@ class OverlapClassifier:
         for worker in self._workers.values():
             # The worker's timeline moves with the wall clock while nothing arrives, so a quiet engine's
             # last requests are classified too (bounded wait in both clocks).
+            if worker.timeline_ns != worker.timeline_seen_ns:
+                worker.timeline_seen_ns, worker.timeline_moved_s = worker.timeline_ns, now_s
             idle_ns = int((now_s - worker.timeline_moved_s) * _NS)
             horizon_ns = worker.timeline_ns + idle_ns - self.hold_ns
             if horizon_ns <= worker.settled_ns:
@@ -159,55 +171,74 @@ class OverlapClassifier:
         return done
 
     def _classify(self, worker: _Worker, horizon_ns: int) -> int:
-        m = self._child(worker.pool)
-        ready = [d for d in worker.held if d[1] <= horizon_ns]
+        ready = sorted(d for d in worker.held if d[1] <= horizon_ns)
         if not ready:
             return 0
         worker.held = deque(d for d in worker.held if d[1] > horizon_ns)
-        prefills = worker.prefills
-        for d0, d1, steps in ready:
-            # Prefills sorted by start: those that start before d1 and end after d0 (none of them ends
-            # later than it started plus the longest prefill seen).
-            lo = _first_start_at_or_after(prefills, d0 - worker.longest_prefill_ns)
-            shared = []
-            tokens = 0.0
-            for p0, p1, p_tokens in prefills[lo : _first_start_at_or_after(prefills, d1 - MIN_OVERLAP_NS)]:
-                a, b = max(p0, d0), min(p1, d1)
-                if b - a >= MIN_OVERLAP_NS:
-                    shared.append((a, b))
-                    # Chunked prefill spreads a prompt over its window: the part inside the decode is the
-                    # part of the work that shared its steps.
-                    tokens += p_tokens * (b - a) / max(p1 - p0, 1)
-            decode_ns = d1 - d0
-            tpot_s = decode_ns / _NS / steps
-            if shared:
-                # The steps of this decode that carried a prefill: prefills batched into one step share
-                # its window (starts within MIN_OVERLAP_NS: one step), and their union is the time spent
-                # in them. The rest of the decode ran decode-only steps, at the same batch and context.
-                prefill_steps = min(_distinct_starts(shared), steps)
-                prefill_ns = min(_union_ns(shared, d0, d1), decode_ns)
-                m.tpot_true.observe(tpot_s)
-                m.steps_true.inc(steps)
-                m.seconds_true.inc(decode_ns / _NS)
-                m.prefill_tokens.inc(tokens)
-                if self.prefill_in_one_step:
-                    m.prefill_steps.inc(prefill_steps)
-                    m.prefill_seconds.inc(prefill_ns / _NS)
-            else:
-                m.tpot_false.observe(tpot_s)
-                m.steps_false.inc(steps)
-                m.seconds_false.inc(decode_ns / _NS)
+        for i in range(0, len(ready), _GROUP_DECODES):
+            self._classify_group(worker, np.asarray(ready[i : i + _GROUP_DECODES], dtype=np.int64))
+        for d0, d1, _ in ready:
             insort(worker.classified, (d0, d1))
-            worker.longest_decode_ns = max(worker.longest_decode_ns, decode_ns)
+            worker.longest_decode_ns = max(worker.longest_decode_ns, d1 - d0)
+            worker.classified_end_ns = max(worker.classified_end_ns, d1)
         # Forget what no held or future decode can overlap: prefills that ended before the oldest decode
         # still held (or the horizon), classified decodes a hold before the horizon.
         oldest = min((d[0] for d in worker.held), default=horizon_ns)
+        prefills = worker.prefills
         keep_from = _first_start_at_or_after(prefills, oldest - worker.longest_prefill_ns)
         if keep_from:
             worker.prefills = [p for p in prefills[:keep_from] if p[1] > oldest] + prefills[keep_from:]
         if len(worker.classified) > self.max_held:  # remembered for late prefills, bounded
             del worker.classified[: len(worker.classified) - self.max_held]
         return len(ready)
+
+    def _classify_group(self, worker: _Worker, decodes: np.ndarray) -> None:
+        """Classify decodes (rows of start, end, steps; sorted by start) against the prefills that could
+        overlap them, all at once: a [decodes x candidate prefills] matrix of shared windows."""
+        d0, d1, steps = decodes[:, :1], decodes[:, 1:2], decodes[:, 2]
+        prefills = worker.prefills
+        # Prefills sorted by start: those that start before some decode ends and end after some decode
+        # starts (none ends later than it started plus the longest prefill seen).
+        lo = _first_start_at_or_after(prefills, int(d0[0, 0]) - worker.longest_prefill_ns)
+        hi = _first_start_at_or_after(prefills, int(d1.max()) - MIN_OVERLAP_NS)
+        candidates = np.asarray(prefills[lo:hi], dtype=np.int64).reshape(-1, 3)
+        p0, p1, p_tokens = candidates[:, 0], candidates[:, 1], candidates[:, 2]
+        a = np.maximum(p0, d0)  # [decodes, candidates]: the part of each prefill inside each decode
+        b = np.minimum(p1, d1)
+        hit = (b - a) >= MIN_OVERLAP_NS
+        a = np.where(hit, a, d0)  # misses become empty windows at the decode's start (sorted order kept)
+        b = np.where(hit, b, d0)
+        # Chunked prefill spreads a prompt over its window: the part inside the decode is the part of the
+        # work that shared its steps.
+        tokens = (p_tokens * (b - a) / np.maximum(p1 - p0, 1)).sum(axis=1)
+        # The steps of a decode that carried a prefill: prefills batched into one step share its window
+        # (a start within MIN_OVERLAP_NS of the previous one: the same step), and their union (windows in
+        # start order, each counted past the furthest end before it) is the time spent in them. The rest
+        # of the decode ran decode-only steps, at the same batch and context.
+        if hit.shape[1]:
+            last_start = np.maximum.accumulate(np.where(hit, a, _LONG_AGO_NS), axis=1)
+            previous_start = np.concatenate([np.full_like(d0, _LONG_AGO_NS), last_start[:, :-1]], axis=1)
+            prefill_steps = (hit & (a - previous_start >= MIN_OVERLAP_NS)).sum(axis=1)
+            furthest_end = np.maximum.accumulate(b, axis=1)
+            previous_end = np.concatenate([d0, furthest_end[:, :-1]], axis=1)
+            prefill_ns = np.clip(b - np.maximum(a, previous_end), 0, None).sum(axis=1)
+        else:
+            prefill_steps = prefill_ns = np.zeros(len(decodes), dtype=np.int64)
+        decode_ns = (d1 - d0)[:, 0]
+        tpot_s = decode_ns / _NS / steps
+        overlapped = prefill_steps > 0
+        clean = ~overlapped
+        m = self._child(worker.pool)
+        m.tpot_true.observe_many(tpot_s[overlapped])
+        m.tpot_false.observe_many(tpot_s[clean])
+        m.steps_true.inc(int(steps[overlapped].sum()))
+        m.steps_false.inc(int(steps[clean].sum()))
+        m.seconds_true.inc(float(decode_ns[overlapped].sum()) / _NS)
+        m.seconds_false.inc(float(decode_ns[clean].sum()) / _NS)
+        m.prefill_tokens.inc(float(tokens.sum()))
+        if self.prefill_in_one_step:
+            m.prefill_steps.inc(int(np.minimum(prefill_steps, steps).sum()))
+            m.prefill_seconds.inc(float(prefill_ns.sum()) / _NS)
 
     @staticmethod
     def _overlaps_classified(worker: _Worker, start: int, end: int) -> bool:
@@ -268,25 +299,16 @@ class _PoolMetrics:
         )  # fmt: skip
 
 
-def _distinct_starts(intervals: list[tuple[int, int]]) -> int:
-    """Steps among overlapping prefill windows: windows starting within MIN_OVERLAP_NS of a step's first
-    window belong to that step."""
-    count, step_start = 0, None
-    for start, _ in sorted(intervals):
-        if step_start is None or start - step_start >= MIN_OVERLAP_NS:
-            count, step_start = count + 1, start
-    return count
-
-
 def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:
     """Length of the union of `intervals` clipped to [from_ns, to_ns)."""
-    covered_ns, cursor = 0, from_ns
-    for start, end in sorted(intervals):
-        start, end = max(start, cursor), min(end, to_ns)
-        if end > start:
-            covered_ns += end - start
-            cursor = end
-    return covered_ns
+    if not intervals:
+        return 0
+    spans = np.asarray(intervals, dtype=np.int64)
+    spans = spans[np.argsort(spans[:, 0], kind="stable")]
+    starts, ends = np.maximum(spans[:, 0], from_ns), np.minimum(spans[:, 1], to_ns)
+    # Each interval in start order counts past the furthest end before it.
+    before = np.concatenate(([from_ns], np.maximum.accumulate(ends)[:-1]))
+    return int(np.clip(ends - np.maximum(starts, before), 0, None).sum())
 
 
 def _first_start_at_or_after(prefills: list[tuple[int, int, int]], start_ns: int) -> int:
