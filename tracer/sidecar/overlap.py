@@ -12,6 +12,8 @@ prefill intervals and classifies each finished decode by the prefill work that o
     splitscope_decode_overlap_prefill_steps_total{pool}   the steps of overlapped decodes that carried a prefill
     splitscope_decode_overlap_prefill_seconds_total{pool}   the time of those steps (union of the prefill windows)
     splitscope_decode_overlap_prefill_tokens_total{pool}   the overlapping prefills' uncached tokens
+    splitscope_worker_busy_seconds_total{pool, worker}   time with at least one request in prefill or decode
+    splitscope_worker_prefill_busy_seconds_total{pool, worker}   time with at least one request in prefill
 
 A request's TPOT spreads each stall over all its tokens (diluted). Splitting each overlapped decode into
 its k steps that carried a prefill (time T_p) and its N - k decode-only steps (the rest of its time) undoes
@@ -21,8 +23,6 @@ signal measures, compared at the same batch and context because both parts are t
 batched into one step start together and count once. Under chunked prefill a prompt's window spans
 several steps and would count as one, overstating the time of a prefill step: a sidecar in `--mode
 chunked` leaves those two counters out (the TPOT split and the rest stay).
-    splitscope_worker_busy_seconds_total{pool, worker}   time with at least one request in prefill or decode
-    splitscope_worker_prefill_busy_seconds_total{pool, worker}   time with at least one request in prefill
 
 Waiting, bounded: a request's span arrives when it finishes, so a prefill that overlapped decode D may
 arrive after D (its request decodes on). D is held until the worker's timeline (the latest stage end seen
@@ -30,8 +30,8 @@ there, moving on with the wall clock while nothing arrives) is `hold_s` past D's
 arrives overlapping an already classified decode is counted in `..._late_prefills_total`, not guessed
 into it. At most `max_held` decodes wait per worker; past that the oldest is dropped and counted
 (`..._unclassified_requests_total`); the last `max_held` classified decodes are remembered to tell late
-prefills. Busy time is settled up to the same horizon; an interval arriving
-behind it adds only its part after it.
+prefills. Busy time is settled up to the same horizon; an interval arriving behind it adds only its part
+after it.
 
 Thread: `add` and `advance` run on the sidecar's export thread only (`SpanExport`: stages are noted
 while a batch is adapted, classified once per drain), never on the ingest loop. Neither blocks.
