@@ -14,7 +14,6 @@ keep serving.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -25,9 +24,10 @@ from dataclasses import dataclass
 
 import click
 
+from reference_server.ready_line import parse_ready_line
+
 log = logging.getLogger("reference_server.launch")
 
-READY_PREFIX = "SPLITSCOPE_WORKER_READY "  # the same as worker.READY_PREFIX (no torch import here)
 STOP_GRACE_S = 10.0
 
 
@@ -131,8 +131,9 @@ async def _await_ready(worker: WorkerProcess) -> dict:
             code = await worker.process.wait()
             raise RuntimeError(f"worker {worker.name} exited with status {code} before it was ready (see its log above)")
         text = line.decode(errors="replace")
-        if text.startswith(READY_PREFIX):
-            return json.loads(text[len(READY_PREFIX):])
+        announcement = parse_ready_line(text)
+        if announcement is not None:
+            return announcement
         sys.stderr.write(f"[{worker.name}] {text}")
 
 
@@ -187,6 +188,7 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
                 stop: asyncio.Event | None = None) -> None:  # fmt: skip
     """Run the server until SIGTERM/SIGINT (or `stop` is set). `on_ready(url)` once it serves."""
     from aiohttp import web
+    from prometheus_client import CollectorRegistry
 
     from reference_server.router import Endpoint, Router
     from tracer import start_tracing
@@ -196,7 +198,8 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket)
+    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket,
+                            registry=CollectorRegistry())  # the router serves /metrics on either path  # fmt: skip
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
     click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
     workers = await start_workers(config)
@@ -257,8 +260,10 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
 
 
 def with_namespace(resource_attributes: str, namespace: str) -> str:
-    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins in the SDK)."""
-    return ",".join(filter(None, (resource_attributes.strip(), f"service.namespace={namespace}")))
+    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins)."""
+    from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
+
+    return ",".join(filter(None, (resource_attributes.strip(), f"{RESOURCE_SERVICE_NAMESPACE}={namespace}")))
 
 
 def _url_host(host: str) -> str:

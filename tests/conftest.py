@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the shared fixtures live, free ports."""
+"""Test helpers every package's tests use: waiting on a condition, free ports."""
 
 from __future__ import annotations
 
@@ -11,16 +11,6 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# CI lays a read-only copy of the team's shared/ folder beside the clone.
-SHARED_DIR = REPO_ROOT.parent / "shared"
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    if not SHARED_DIR.is_dir():
-        pytest.fail(f"shared fixtures folder not found at {SHARED_DIR}")
-    return SHARED_DIR
-
 
 _POLL_S = 0.02
 
@@ -51,3 +41,25 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+# Markers for the inner loop (`bash scripts/test.sh -m "not slow and not live"`); the full run is the gate.
+# `slow`: whole servers, engines or soaks, tens of seconds each. `live`: a real Prometheus server.
+SLOW_PATHS = (
+    "tests/e2e/",
+    "tests/faults/",
+    "tests/slow_link/",
+    "tests/engines/",
+    "tests/packaging/",
+    "tests/reference_server/test_demo.py",
+    "tests/report/test_simulator_vs_server.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+        if path.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+        if hasattr(item.module, "running_prometheus"):
+            item.add_marker(pytest.mark.live)

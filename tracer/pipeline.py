@@ -1,11 +1,13 @@
 """Off the hot path: drain the ring, resolve timings, build spans, feed metrics.
 
-One daemon thread per process (`Pipeline`) wakes every `interval_s` (or when the ring passes half full),
-drains records, resolves their clock marks (CUDA events by `query()`, never by synchronising; records
+One daemon thread per process (`Pipeline`) wakes every `interval_s`, drains records resolves their clock marks (CUDA events by `query()`, never by synchronising; records
 whose events are not complete wait in a bounded pending list), turns them into `SpanData`, and hands them
 to a sink:
-- `LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and Prometheus metrics here.
-- the sidecar sink (tracer/sidecar/): ships SpanData over a Unix socket; the sidecar runs a LocalSink.
+- `tracer.local_sink.LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and
+  Prometheus metrics here.
+- the sidecar sink (tracer/sidecar/client.py): ships SpanData over a Unix socket; the sidecar runs a
+  LocalSink. This module imports neither the OpenTelemetry SDK nor prometheus_client, so the sidecar path
+  costs an engine neither.
 
 A slow or dead exporter never reaches the engine: the span processors have their own bounded queues,
 and the ring drops its oldest records when the pipeline falls behind, counting every drop.
@@ -14,17 +16,12 @@ and the ring drops its oldest records when the pipeline falls behind, counting e
 from __future__ import annotations
 
 import logging
-import statistics
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor
-
 from tracer import spans as s
-from tracer.metrics import Catalogue, WorkerMetrics, exemplar
 from tracer.records import (
     KIND_DECODE,
     KIND_REQUEST,
@@ -32,9 +29,6 @@ from tracer.records import (
     KIND_STAGE_WALL,
     KIND_STEP,
     RECORD_TYPES,
-    STAGE_KV_RECV,
-    STAGE_KV_SEND,
-    STAGE_KV_TRANSFER,
     DecodeRecord,
     RecordRing,
     RequestRecord,
@@ -42,17 +36,10 @@ from tracer.records import (
     StepRecord,
 )
 from tracer.timing import SOURCE_HOST, Clock, Interval, perf_counter_ns
+from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
 
-STAGE_SPAN_NAMES = {
-    "queue": s.SPAN_QUEUE,
-    "prefill": s.SPAN_PREFILL,
-    STAGE_KV_TRANSFER: s.SPAN_KV_TRANSFER,
-    STAGE_KV_SEND: s.SPAN_KV_SEND,
-    STAGE_KV_RECV: s.SPAN_KV_RECV,
-    "decode": s.SPAN_DECODE,
-}
 # A gap counts as a decode stall when it exceeds this multiple of the request's median gap.
 STALL_FACTOR = 3.0
 # Spans handed to the sink between two yields of the interpreter lock (see Pipeline.drain_once).
@@ -104,7 +91,7 @@ def decode_summary(
     return attrs, stalls, gaps_s, stall_times
 
 
-class Summariser:
+class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
     def __init__(self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1) -> None:
@@ -125,7 +112,7 @@ class Summariser:
 
     def stage(self, record: StageRecord, interval: Interval) -> s.SpanData:
         return s.SpanData(
-            name=STAGE_SPAN_NAMES[record.stage], kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id,
+            name=s.STAGE_SPAN_NAMES[record.stage], kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id,
             span_id=record.span_id or s.new_span_id(), parent_span_id=record.ctx.span_id,
             start_ns=interval.start_wall_ns, end_ns=max(interval.end_wall_ns, interval.start_wall_ns),
             attributes=self._stage_attrs(record.attrs, interval.source), error_type=record.error_type,
@@ -173,143 +160,12 @@ class Summariser:
         if gaps:
             attrs[s.ATTR_ITL_P99_S] = quantile(gaps, 0.99)
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
-            attrs[s.ATTR_ITL_MEAN_S] = statistics.fmean(gaps)
+            attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
         return s.SpanData(
             name=f"{s.ROOT_SPAN_PREFIX} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
             span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
             end_ns=interval.end_wall_ns, attributes=attrs, error_type=record.error_type,
         )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------- metrics
-
-
-class MetricsRecorder:
-    """Feeds the catalogue from SpanData. Children are bound once per (pool, worker) at first sight.
-
-    Runs on the pipeline thread (or the sidecar's ingest thread); never blocks.
-    """
-
-    def __init__(self, catalogue: Catalogue) -> None:
-        self.catalogue = catalogue
-        self._workers: dict[tuple[str, str], WorkerMetrics] = {}
-        self._request_children: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
-
-    def _worker(self, attrs: dict[str, Any]) -> WorkerMetrics | None:
-        pool, worker = attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER)
-        if not pool or not worker:
-            return None
-        key = (pool, worker)
-        bound = self._workers.get(key)
-        if bound is None:
-            try:
-                bound = self._workers[key] = self.catalogue.bind(pool, worker)
-            except ValueError:
-                return None
-        return bound
-
-    def record(self, data: s.SpanData) -> None:
-        """Meter one span (tests, single spans); a batch goes through `record_many`."""
-        self.record_many((data,))
-
-    def record_many(self, batch: Iterable[s.SpanData]) -> None:
-        """Meter every span of `batch`.
-
-        Step durations and inter-token gaps are collected per label child and binned once per batch (numpy),
-        busy time added once per worker: one histogram call per value was the largest metering cost at the
-        sidecar's rates. Everything is visible on /metrics when this returns.
-        """
-        values: dict[Any, list[float]] = {}  # bulk histogram child -> values of this batch
-        busy: dict[Any, float] = {}  # busy-seconds counter child -> seconds of this batch
-        for data in batch:
-            attrs = data.attributes
-            if data.kind == s.KIND_SERVER:
-                self._record_request(data, (data.end_ns - data.start_ns) / 1e9)
-                continue
-            worker = self._worker(attrs)
-            if worker is None:
-                continue
-            duration_s = (data.end_ns - data.start_ns) / 1e9
-            name = data.name
-            if name == s.SPAN_STEP:
-                child = worker.step_with_prefill if attrs.get(s.ATTR_STEP_PREFILL_TOKENS, 0) > 0 else worker.step_without_prefill
-                bucket = values.get(child)
-                if bucket is None:
-                    values[child] = [duration_s]
-                else:
-                    bucket.append(duration_s)
-                busy[worker.busy_seconds] = busy.get(worker.busy_seconds, 0.0) + duration_s
-                continue
-            stage = worker.stage.get(name.removeprefix("splitscope."))
-            if stage is not None:
-                stage.observe(duration_s, exemplar(data.trace_id))
-            if name == s.SPAN_PREFILL and not data.error_type:
-                tokens = int(attrs.get(s.ATTR_PREFILL_TOKENS, 0))
-                cached = int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS, 0))
-                worker.prefill_tokens.inc(max(0, tokens - cached))
-                worker.prefix_queried_tokens.inc(tokens)
-                worker.prefix_hit_tokens.inc(cached)
-            elif name == s.SPAN_DECODE:
-                worker.decode_tokens.inc(int(attrs.get(s.ATTR_OUTPUT_TOKENS, 0)))
-                gaps = data.samples.get("itl_gaps_s")
-                if gaps:
-                    values.setdefault(worker.inter_token_latency, []).extend(gaps)
-            elif name == s.SPAN_KV_TRANSFER:
-                if data.error_type:
-                    self.catalogue.kv_transfer_failures.labels(reason=data.error_type).inc()
-                else:
-                    self.catalogue.kv_transfer_bytes.labels(
-                        src_pool=attrs.get(s.ATTR_POOL, "prefill"), dst_pool="decode"
-                    ).inc(int(attrs.get(s.ATTR_KV_BYTES, 0)))
-        for child, observed in values.items():
-            child.observe_many(observed)
-        for counter, seconds in busy.items():
-            counter.inc(seconds)
-
-    def _record_request(self, data: s.SpanData, duration_s: float) -> None:
-        attrs = data.attributes
-        key = (str(attrs.get(s.ATTR_MODEL, "")), str(attrs.get(s.ATTR_MODE, "")))
-        children = self._request_children.get(key)
-        if children is None:
-            labels = {"gen_ai_request_model": key[0], "mode": key[1]}
-            cat = self.catalogue
-            children = self._request_children[key] = (
-                cat.ttft.labels(**labels), cat.tpot.labels(**labels), cat.request_duration.labels(**labels),
-            )  # fmt: skip
-        ttft, tpot, request_duration = children
-        if data.error_type:
-            return  # latency SLOs are about answered requests; errors are counted by the router
-        trace = exemplar(data.trace_id)
-        request_duration.observe(duration_s, trace)
-        ttft_s = attrs.get(s.ATTR_TTFT_S)
-        if ttft_s is not None:
-            ttft.observe(ttft_s, trace)
-            output_tokens = int(attrs.get(s.ATTR_OUTPUT_TOKENS, 0))
-            if output_tokens > 1:
-                tpot.observe((duration_s - ttft_s) / (output_tokens - 1), trace)
-
-
-class LocalSink:
-    """Span processors (export) and metrics in this process."""
-
-    def __init__(self, resource: Resource, processors: Iterable[SpanProcessor], metrics: MetricsRecorder | None) -> None:
-        self.resource = resource
-        self.processors = list(processors)
-        self.metrics = metrics
-
-    def emit(self, batch: Sequence[s.SpanData]) -> None:
-        if self.metrics is not None:
-            self.metrics.record_many(batch)
-        for data in batch:
-            if data.sampled and self.processors:
-                span = s.to_readable_span(data, self.resource)
-                for processor in self.processors:
-                    processor.on_end(span)
-
-    def shutdown(self, timeout_s: float) -> None:
-        for processor in self.processors:
-            processor.force_flush(int(timeout_s * 1000))
-            processor.shutdown()
 
 
 # ------------------------------------------------------------------------------------- the thread
@@ -321,7 +177,7 @@ class Pipeline:
     def __init__(
         self,
         ring: RecordRing,
-        summariser: Summariser,
+        span_builder: SpanBuilder,
         sink: Sink,
         interval_s: float = 0.1,
         max_pending: int = 16384,
@@ -329,7 +185,7 @@ class Pipeline:
         pending_gauge: Any | None = None,
     ) -> None:
         self.ring = ring
-        self.summariser = summariser
+        self.span_builder = span_builder
         self.sink = sink
         self.interval_s = interval_s
         self.max_pending = max_pending
@@ -340,12 +196,12 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.emitted = 0
-        self._convert = {
-            KIND_STAGE: summariser.stage,
-            KIND_STAGE_WALL: summariser.stage,
-            KIND_DECODE: summariser.decode,
-            KIND_STEP: summariser.step,
-            KIND_REQUEST: summariser.request,
+        self._convert: dict[int, Callable[[Any, Interval], s.SpanData]] = {
+            KIND_STAGE: span_builder.stage,
+            KIND_STAGE_WALL: span_builder.stage,
+            KIND_DECODE: span_builder.decode,
+            KIND_STEP: span_builder.step,
+            KIND_REQUEST: span_builder.request,
         }
 
     def start(self) -> Pipeline:
@@ -361,7 +217,10 @@ class Pipeline:
                 log.exception("splitscope pipeline: drain failed")
 
     def drain_once(self, force_host_timing: bool = False) -> int:
-        """Resolve and emit what can be; returns the number of spans emitted. Pipeline thread only."""
+        """Resolve and emit what can be; returns the number of spans the sink took. Pipeline thread only.
+
+        Every record drained either becomes a span the sink took, waits in the pending list, or is counted
+        through `on_drop` (bad_record, pending_full, ring_full, sink_error)."""
         now = perf_counter_ns()
         records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
         self._pending = []
@@ -379,30 +238,38 @@ class Pipeline:
                     log.exception("splitscope pipeline: dropping a malformed record %r", record[:3])
                 bad += 1
         if bad:
-            self._drop("bad_record", bad)
+            self._drop(DropReason.BAD_RECORD, bad)
         if len(self._pending) > self.max_pending:
             overflow = len(self._pending) - self.max_pending
             self._pending = self._pending[overflow:]
-            self._drop("pending_full", overflow)
+            self._drop(DropReason.PENDING_FULL, overflow)
         ring_drops = self.ring.dropped - self._reported_ring_drops
         if ring_drops > 0:
             self._reported_ring_drops += ring_drops
-            self._drop("ring_full", ring_drops)
+            self._drop(DropReason.RING_FULL, ring_drops)
         if self._pending_gauge is not None:
             self._pending_gauge.set(len(self._pending) + len(self.ring))
         # Emit in small slices and yield the GIL between them: a long uninterrupted pass would make the
         # engine thread wait for the interpreter lock each time one of its device/torch calls returns.
+        emitted = 0
         for first in range(0, len(out), EMIT_SLICE):
             if first:
                 time.sleep(0)
-            self.sink.emit(out[first : first + EMIT_SLICE])
-        self.emitted += len(out)
-        return len(out)
+            batch = out[first : first + EMIT_SLICE]
+            try:
+                self.sink.emit(batch)
+            except Exception:  # a failing sink costs its slice, counted, never the rest of the drain
+                log.exception("splitscope pipeline: the sink failed; dropping %d spans", len(batch))
+                self._drop(DropReason.SINK_ERROR, len(batch))
+                continue
+            emitted += len(batch)
+        self.emitted += emitted
+        return emitted
 
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
         if record.kind == KIND_STAGE_WALL:
             return Interval(record.start, record.end, SOURCE_HOST)
-        clock = self.summariser.clock
+        clock = self.span_builder.clock
         interval = clock.resolve(record.start, record.end, now)
         if interval is None and force_host:  # shutting down: incomplete CUDA events fall back to host marks
             start_ns = clock.to_wall_ns(clock.host_perf_ns(record.start))

@@ -23,15 +23,6 @@ from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
-STAGE_QUEUE = "queue"
-STAGE_PREFILL = "prefill"
-STAGE_KV_TRANSFER = "kv_transfer"
-STAGE_KV_SEND = "kv_transfer.send"
-STAGE_KV_RECV = "kv_transfer.recv"
-STAGE_DECODE = "decode"
-STAGES = (STAGE_QUEUE, STAGE_PREFILL, STAGE_KV_TRANSFER, STAGE_KV_SEND, STAGE_KV_RECV, STAGE_DECODE)
-
-
 # The hot path pushes plain tuples (a NamedTuple's constructor costs three times a tuple display);
 # the first field says which record it is, and the pipeline views it through the NamedTuples below.
 # Trace contexts are kept as the engine's immutable TraceContext objects: reading their fields is the
@@ -104,7 +95,7 @@ class RequestRecord(NamedTuple):
     error_type: str
 
 
-RECORD_TYPES = {
+RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view
     KIND_STAGE: StageRecord,
     KIND_STAGE_WALL: StageRecord,
     KIND_DECODE: DecodeRecord,
@@ -114,7 +105,8 @@ RECORD_TYPES = {
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
+    """Bounded multi-producer, single-consumer ring; drop-oldest when full, each drop counted in `dropped`
+    (but for the logged backstop case at the end of this docstring).
 
     Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
     no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest

@@ -1,4 +1,4 @@
-"""The fast OTLP/JSON line encoder writes exactly what tracer.traces.encode_line writes."""
+"""The fast OTLP/JSON line encoder writes exactly what tracer.otel.encode_line writes."""
 
 from __future__ import annotations
 
@@ -6,15 +6,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracer import spans as s
-from tracer.session import make_resource
+from tracer.otel import encode_line, make_resource, to_readable_span
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
-from tracer.traces import encode_line
 
 RESOURCE = make_resource("svc", {"deployment.environment": "test", "ports": [1, 2]})
 
 
 def _reference(spans: list[s.SpanData]) -> bytes:
-    return encode_line([s.to_readable_span(d, RESOURCE) for d in spans])
+    return encode_line([to_readable_span(d, RESOURCE) for d in spans])
 
 
 def _fast(spans: list[s.SpanData]) -> bytes:

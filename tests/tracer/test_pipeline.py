@@ -16,8 +16,8 @@ from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue
-from tracer.pipeline import MetricsRecorder
-from tracer.session import otlp_exporter_from_env
+from tracer.local_sink import MetricsRecorder
+from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.traces import iter_spans
 
 MS = 1_000_000
@@ -259,7 +259,7 @@ def test_span_kinds_pass_through_to_the_sdk_span(kind, expected):
     from opentelemetry.sdk.resources import Resource
 
     data = s.SpanData("x", kind, 1, 2, 0, 10, 20, {})
-    assert s.to_readable_span(data, Resource({})).kind == expected
+    assert to_readable_span(data, Resource({})).kind == expected
 
 
 def test_failure_counters_exist_at_zero_before_the_first_failure():
@@ -325,3 +325,37 @@ def test_a_batch_is_metered_exactly_as_its_spans_one_by_one():
     assert _exposition_without_timestamps(batched.catalogue.registry) == expected
     assert any(line.startswith('splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="true"} 14') for line in expected)
     assert any(line.startswith('splitscope_inter_token_latency_seconds_count{pool="colocated"} 40') for line in expected)
+
+
+class _FlakySink:
+    """A sink that raises on every other batch it is handed, and keeps what it took."""
+
+    def __init__(self):
+        self.calls = 0
+        self.taken = []
+
+    def emit(self, batch):
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise RuntimeError("exporter bug")
+        self.taken.extend(batch)
+
+    def shutdown(self, timeout_s):
+        pass
+
+
+def test_a_raising_sink_loses_only_its_slice_and_counts_it_as_sink_error():
+    from tracer.pipeline import EMIT_SLICE
+
+    sink = _FlakySink()
+    session = start_tracing("colocated", "w0", sink=sink, registry=CollectorRegistry(), interval_s=3600)
+    records = 5 * EMIT_SLICE + 7  # six slices: the 2nd, 4th and 6th raise
+    for i in range(records):
+        session.tracer.step(i * 1000, i * 1000 + 500, 1, 0, 10)
+    session.pipeline.drain_once()
+    lost = records - len(sink.taken)
+    assert lost == 2 * EMIT_SLICE + 7
+    assert session.dropped_records.by_reason() == {"sink_error": lost}
+    dropped = session.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sink_error"})
+    assert dropped == lost
+    session.shutdown(1.0)
