@@ -123,6 +123,10 @@ ATTR_DECODE_STALLS = "splitscope.decode.stalls"
 ATTR_STEP_DECODE_REQUESTS = "splitscope.step.decode_requests"
 ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
 ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"
+# Attention work of the step's prefill chunks, tokens^2: each chunk of n tokens at offset c in its prompt
+# counts (c + n)^2 - c^2 (a whole prompt of L tokens counts L^2), so a prompt's chunks add up to its
+# whole prefill's quadratic term. Optional: without it the report takes prefill_tokens^2.
+ATTR_STEP_PREFILL_ATTENTION_TOKENS2 = "splitscope.step.prefill_attention_tokens2"
 ATTR_ERROR_TYPE = "error.type"
 
 # Resource attributes (OpenTelemetry semantic conventions).
