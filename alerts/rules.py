@@ -25,7 +25,7 @@ from typing import Any
 import promql_parser
 import yaml
 
-from alerts.settings import DEFAULT_SETTINGS, AlertSettings
+from tracer.alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import (
     ITL_HISTOGRAM,
     KV_TRANSFER_FAILURES_COUNTER,

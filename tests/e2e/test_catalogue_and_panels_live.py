@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from alerts.rules import RULES_PATH
-from dashboards.catalogue import (
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.catalogue import (
     dashboard_queries,
     grafana_to_promql,
     referenced_metrics,

@@ -27,8 +27,8 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts.rules import RULES_PATH
-from dashboards.catalogue import dashboard_queries, grafana_to_promql
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tests.conftest import free_port, wait_for
 from tests.e2e.live import finite_values
 from tests.engines.processes import ChildProcess, splitscope, vllm_python
