@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from prometheus_client.metrics_core import Metric
 
-from alerts.settings import DEFAULT_SETTINGS, AlertSettings
+from tracer.alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import ITL_HISTOGRAM, TTFT_HISTOGRAM
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import click
 from prometheus_client.parser import text_string_to_metric_families
 
-from alerts import promtool
-from alerts.buckets import missing_slo_edges
-from alerts.rules import RULES_PATH, render_rules_yaml
+from tracer.alerts import promtool
+from tracer.alerts.buckets import missing_slo_edges
+from tracer.alerts.rules import RULES_PATH, render_rules_yaml
 
 
 _FETCH_TIMEOUT_S = 10.0

@@ -25,7 +25,7 @@ from typing import Any
 import promql_parser
 import yaml
 
-from alerts.settings import DEFAULT_SETTINGS, AlertSettings
+from tracer.alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import (
     DECODE_SECONDS_COUNTER,
     DECODE_STEPS_COUNTER,
@@ -320,6 +320,11 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
             "expr": f"sum by ({kinds}) (rate({step}_count[5m]))",
         },
         {
+            # Steps of the rarer kind in the window: how many observations a p99 rests on.
+            "record": f"pool:{step}_count:min_increase5m",
+            "expr": f"min by ({g('pool')}) (sum by ({kinds}) (increase({step}_count[5m])))",
+        },
+        {
             # Only a colocated pool runs both kinds of step, so only it gets a ratio.
             "record": f"pool:{step}:interference_ratio5m",
             "expr": _promql(f"""
@@ -347,7 +352,8 @@ def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]
                 (
                     clamp_max(
                         (pool:{step}:interference_ratio5m > bool {_number(s.interference_factor)})
-                      + (pool:{step}:interference_tail_ratio5m > bool {_number(s.interference_tail_factor)}),
+                      + (pool:{step}:interference_tail_ratio5m > bool {_number(s.interference_tail_factor)})
+                        * on ({g('pool')}) (pool:{step}_count:min_increase5m >= bool {s.interference_tail_min_steps}),
                       1
                     )
                   or
@@ -464,6 +470,7 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
                 _tagged(f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)})"
                         f"\nand {on_pool} {enough_steps}", "statistic", "mean"),
                 _tagged(f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)})"
+                        f"\nand {on_pool} (pool:{step}_count:min_increase5m >= {s.interference_tail_min_steps})"
                         f"\nand {on_pool} {enough_steps}"
                         f"\nunless {on_pool} (pool:{step}:interference_ratio5m > {_number(s.interference_factor)})",
                         "statistic", "p99"),

@@ -45,6 +45,9 @@ class AlertSettings:
     # and on the tail (p99 from the step histogram). Either one over its factor counts as interference.
     interference_factor: float = 1.5
     interference_tail_factor: float = 3.0
+    # Steps of EACH kind in the 5-minute window before the p99 ratio is trusted: the p99 then sets aside
+    # the 5 slowest steps, so one step stalled by something else (a CPU hiccup, a GC) makes no tail.
+    interference_tail_min_steps: int = 500
     # Steps per second of EACH kind before the ratio is trusted (0.2/s is 60 steps in 5 minutes).
     interference_min_steps_per_s: float = 0.2
     # Request-level fallback (engines without step timing, through the sidecar): finished requests per

@@ -19,8 +19,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from alerts.rules import le_matcher  # noqa: F401  (re-exported: one spelling of bucket bounds)
-from alerts.settings import DEFAULT_SETTINGS
+from tracer.alerts.rules import le_matcher  # noqa: F401  (re-exported: one spelling of bucket bounds)
+from tracer.alerts.settings import DEFAULT_SETTINGS
 
 # Every query goes through the dashboard's datasource variable, so one JSON works in any Grafana.
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")

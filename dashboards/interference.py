@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
+from tracer.dashboards.common import (
     DEPLOYMENT, ITL_SLO_S, POOL, RATE, default_timeseries, le_matcher, mean_query, new_dashboard, prom_query,
     quantile_query, with_slo_line,
 )

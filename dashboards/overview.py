@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
+from tracer.dashboards.common import (
     DEPLOYMENT, ITL_SLO_S, MODEL, POOL, RATE, TTFT_SLO_S, default_stat, default_timeseries, le_matcher, new_dashboard,
     prom_query, quantile_query, with_slo_line,
 )

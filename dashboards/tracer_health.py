@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from alerts.settings import DEFAULT_SETTINGS
-from dashboards.common import DEPLOYMENT, NAMESPACE, RATE, default_stat, default_timeseries, new_dashboard, prom_query
+from tracer.alerts.settings import DEFAULT_SETTINGS
+from tracer.dashboards.common import DEPLOYMENT, NAMESPACE, RATE, default_stat, default_timeseries, new_dashboard, prom_query
 
 UID = "splitscope-tracer-health"
 JOBS = f'job=~"{DEFAULT_SETTINGS.scrape_job_regex}"'

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import click
 
 from reference_server.ready_line import parse_ready_line
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 log = logging.getLogger("reference_server.launch")
 
@@ -260,8 +261,8 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
 
 
 def with_namespace(resource_attributes: str, namespace: str) -> str:
-    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins in the SDK)."""
-    return ",".join(filter(None, (resource_attributes.strip(), f"service.namespace={namespace}")))
+    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins)."""
+    return ",".join(filter(None, (resource_attributes.strip(), f"{RESOURCE_SERVICE_NAMESPACE}={namespace}")))
 
 
 def _url_host(host: str) -> str:

@@ -20,14 +20,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from opentelemetry.sdk.resources import OTELResourceDetector
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from tracer.vocabulary import METERED_STAGES, DropReason, Mode, Pool
+from tracer.resource import env_resource_attributes
+from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -343,7 +343,7 @@ def deployment_namespace() -> str | None:
     It becomes the `namespace` label of every series the process exports (DESIGN 4, 5), which is how alert
     rules and dashboards tell deployments sharing one Prometheus apart.
     """
-    namespace = OTELResourceDetector().detect().attributes.get("service.namespace")
+    namespace = env_resource_attributes().get(RESOURCE_SERVICE_NAMESPACE)
     return str(namespace) if namespace else None
 
 

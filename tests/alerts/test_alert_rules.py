@@ -1,4 +1,4 @@
-"""alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
+"""tracer.alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 import pytest
 import yaml
 
-from alerts.rules import RULES_PATH, le_matcher, render_rules, render_rules_yaml
-from alerts.settings import AlertSettings
-from dashboards.catalogue import recording_rule_names, selector_names
+from tracer.alerts.rules import RULES_PATH, le_matcher, render_rules, render_rules_yaml
+from tracer.alerts.settings import AlertSettings
+from tracer.dashboards.catalogue import recording_rule_names, selector_names
 
 # DESIGN section 6, written out here so a renamed or dropped alert fails this test.
 DESIGN_ALERTS = {

@@ -10,9 +10,9 @@ import click
 import pytest
 import yaml
 
-from alerts.promtool import promtool_path
-from alerts.rules import RULES_PATH
-from dashboards.build import GENERATED_DIR
+from tracer.alerts.promtool import promtool_path
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.build import GENERATED_DIR
 from reference_server.launch import serve_command
 from tracer.sidecar.main import sidecar_command
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from alerts.rules import RULES_PATH
-from dashboards import interference
-from dashboards.catalogue import (
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards import interference
+from tracer.dashboards.catalogue import (
     dashboard_queries,
     grafana_to_promql,
     referenced_metrics,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.rules import render_rules_yaml
-from alerts.settings import DEFAULT_SETTINGS
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import DEFAULT_SETTINGS
 from reference_server.process import ServerProcess
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import PrometheusHandle, running_prometheus

@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from alerts.rules import render_rules_yaml
-from alerts.settings import AlertSettings
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import AlertSettings
 from tests.conftest import free_port
 from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Run, serve

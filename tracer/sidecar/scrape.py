@@ -192,7 +192,7 @@ _SLO_EDGE_WARNED: set[str] = set()
 
 def warn_missing_slo_edges(engine: str, families: list[Metric]) -> None:
     """Log once per layout when an engine's TTFT/ITL buckets lack the SLO edge the burn rules count at."""
-    from alerts.buckets import missing_slo_edges  # the SLOs live with the alert rules (alerts/settings.py)
+    from tracer.alerts.buckets import missing_slo_edges  # the SLOs live with the alert rules (alerts/settings.py)
 
     for warning in missing_slo_edges(families):
         if warning not in _SLO_EDGE_WARNED:
