@@ -231,3 +231,28 @@ def test_the_hold_is_bounded_and_overflow_is_counted() -> None:
 def test_bad_bounds_are_refused() -> None:
     with pytest.raises(ValueError):
         OverlapClassifier(Catalogue(CollectorRegistry()), hold_s=0)
+
+
+def test_a_chunked_prefill_engine_gets_the_tpot_split_but_no_step_estimate() -> None:
+    """Under chunked prefill one prompt's window spans several steps, so its steps cannot be counted."""
+    case = CASES["medium-max-gap"]
+    sample = traffic(case, 200, seed=3)
+    run = serve(Deployment("chunked", workers=1, budget_tokens=256), sample.at(1.5), sample.prompt_tokens,
+                sample.output_tokens, case.physics)
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    classifier = OverlapClassifier(Catalogue(registry, worker_gauges=False), hold_s=HOLD_S, clock_s=clock,
+                                   prefill_in_one_step=False)
+    adapter = VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0")
+    for line in vllm_request_lines(run, 0):
+        for batch in decode_json(line.encode()):
+            for span in batch.spans:
+                for stage in adapter.stage_spans(span):
+                    classifier.add(stage)
+    classifier.advance()
+    clock.now_s += 2 * HOLD_S
+    classifier.advance()
+    truth = _truth(run)
+    assert _value(registry, DECODE_TPOT_HISTOGRAM + "_count", pool="colocated", prefill_overlap="true") == truth.overlapped
+    assert _value(registry, OVERLAP_PREFILL_STEPS_COUNTER, pool="colocated") == 0
+    assert _value(registry, OVERLAP_PREFILL_SECONDS_COUNTER, pool="colocated") == 0
