@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, KVCachePool, OutOfBlocks, blocks_for_tokens
-from reference_server.model import SeqSlice, Transformer, sample_no_sync
+from reference_server.model import SeqSlice, Transformer, multinomial_sample_one_no_sync, sample_no_sync
 from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, Sequence, SeqState, StepPlan
 from tracer import TraceContext
 from tracer import spans as s
@@ -434,7 +434,10 @@ class Engine:
             temperature = seq.request.temperature
             if temperature > 0:
                 generator = self._tracked[seq.seq_id].generator
-                next_ids[row : row + 1] = sample_no_sync(logits[row : row + 1], temperature, generator)
+                if seq.request.top_p < 1:
+                    next_ids[row : row + 1] = sample_top_p_no_sync(logits[row : row + 1], temperature, seq.request.top_p, generator)
+                else:
+                    next_ids[row : row + 1] = sample_no_sync(logits[row : row + 1], temperature, generator)
         return next_ids
 
     def _finish(self, t: Tracked, events: list[tuple[Sink, tuple]]) -> None:
@@ -509,6 +512,22 @@ class Engine:
         parent = TraceContext.from_traceparent(getattr(info, "traceparent", None)) or t.ctx
         attrs = kv_attributes(info, src=src[:100], dst=self.kv_address)
         self.tracer.stage_wall("kv_transfer.recv", parent, info.recv_start_wall_ns, info.recv_end_wall_ns, attrs)
+
+
+def sample_top_p_no_sync(logits: torch.Tensor, temperature: float, top_p: float,
+                         generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    """Nucleus sampling of each row of `logits` [n, vocab] -> long [n]; never syncs the host.
+
+    Keeps, per row, the most probable tokens whose probabilities (at `temperature`) add up to `top_p`
+    (always at least the most probable one), renormalises, and draws with `generator`.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    # A token stays when the mass before it is still short of top_p: the first token always stays.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return multinomial_sample_one_no_sync(kept / kept.sum(dim=-1, keepdim=True), generator)
 
 
 def kv_attributes(info: Any, *, src: str | None = None, dst: str | None = None) -> dict[str, Any]:
