@@ -32,8 +32,8 @@ from prometheus_client import CollectorRegistry
 
 from tracer import spans as s
 from tracer.metrics import Catalogue
-from tracer.pipeline import LocalSink, MetricsRecorder
-from tracer.session import make_resource
+from tracer.local_sink import LocalSink, MetricsRecorder
+from tracer.otel import make_resource, to_readable_span
 from tracer.sidecar import wire
 from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 from tracer.traces import OtlpJsonFileExporter
@@ -204,7 +204,7 @@ def bench_otlp(protocol: str, total_spans: int, workdir: Path) -> tuple[float, f
     from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 
     resource = make_resource("bench-worker")
-    batch = [s.to_readable_span(d, resource) for d in record_mix(512 // RECORDS_PER_REQUEST + 1)[:512]]
+    batch = [to_readable_span(d, resource) for d in record_mix(512 // RECORDS_PER_REQUEST + 1)[:512]]
     body_file = workdir / "otlp.bin"
     body_file.write_bytes(encode_spans(batch).SerializeToString())
     requests = total_spans // 512

@@ -187,6 +187,7 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
                 stop: asyncio.Event | None = None) -> None:  # fmt: skip
     """Run the server until SIGTERM/SIGINT (or `stop` is set). `on_ready(url)` once it serves."""
     from aiohttp import web
+    from prometheus_client import CollectorRegistry
 
     from reference_server.router import Endpoint, Router
     from tracer import start_tracing
@@ -196,7 +197,8 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket)
+    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket,
+                            registry=CollectorRegistry())  # the router serves /metrics on either path  # fmt: skip
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
     click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
     workers = await start_workers(config)

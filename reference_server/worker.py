@@ -54,6 +54,8 @@ from reference_server.process_guard import die_with_parent
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID, encode
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
+from prometheus_client import CollectorRegistry
+
 from tracer import TraceContext, start_tracing
 from tracer.metrics import exposition
 from tracer.auth import bearer_ok, is_loopback
@@ -140,6 +142,7 @@ class Worker:
             device=options.device,
             step_sample_every=options.step_sample,
             sidecar_socket=options.sidecar_socket,
+            registry=CollectorRegistry(),  # the worker serves its own /metrics on either export path
         )
         self.model = build_model(self.args, seed=options.seed, device=options.device)
         bytes_per_block = kv_bytes_per_token(self.args, torch.float32) * options.block_size

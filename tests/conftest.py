@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the shared fixtures live, free ports."""
+"""Test helpers every package's tests use: waiting on a condition, free ports."""
 
 from __future__ import annotations
 
@@ -11,16 +11,6 @@ from typing import Any
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# CI lays a read-only copy of the team's shared/ folder beside the clone.
-SHARED_DIR = REPO_ROOT.parent / "shared"
-
-
-@pytest.fixture
-def shared_dir() -> Path:
-    if not SHARED_DIR.is_dir():
-        pytest.fail(f"shared fixtures folder not found at {SHARED_DIR}")
-    return SHARED_DIR
-
 
 _POLL_S = 0.02
 

@@ -1,6 +1,6 @@
 """The tracer interface engine code calls (STYLE 1: the engine never touches the OpenTelemetry SDK).
 
-    tracer = start_tracing(pool="colocated", worker="w0", traces_file="traces.jsonl").tracer
+    tracer = start_tracing(pool="colocated", worker="w0", traces_file="traces.jsonl").tracer  # a Tracer
     t0 = tracer.mark()
     ...                                             # the stage's work
     tracer.stage("prefill", ctx, t0, tracer.mark(), {ATTR_PREFILL_TOKENS: 2000})
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tracer.records import (
     KIND_DECODE,
@@ -25,11 +25,39 @@ from tracer.records import (
     RecordRing,
     call_in_child_after_fork,
 )
-from tracer.spans import TraceContext
+from tracer.context import TraceContext
 
 
-class Tracer:
-    """Records stages, steps and requests of one worker (or the router) into a ring.
+@runtime_checkable
+class Tracer(Protocol):
+    """What engine code calls: `RecordingTracer` when tracing is on, `NoopTracer` when it is off.
+
+    Every method runs on the calling (engine) thread, never blocks and never synchronises a device.
+    """
+
+    enabled: bool
+
+    def mark(self) -> Any: ...
+
+    def stage(self, stage: str, ctx: TraceContext, start: Any, end: Any, attrs: dict[str, Any] | None = None,
+              span_id: int = 0, error_type: str = "") -> int: ...  # fmt: skip
+
+    def stage_wall(self, stage: str, ctx: TraceContext, start_wall_ns: int, end_wall_ns: int,
+                   attrs: dict[str, Any] | None = None, span_id: int = 0, error_type: str = "") -> int: ...  # fmt: skip
+
+    def decode(self, ctx: TraceContext, start: Any, end: Any, token_perf_ns: array,
+               token_prefill_tokens: array | None, attrs: dict[str, Any] | None = None,
+               error_type: str = "") -> int: ...  # fmt: skip
+
+    def step(self, start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int) -> None: ...
+
+    def request(self, ctx: TraceContext, span_id: int, start: Any, end: Any, first_token: Any, *, model: str,
+                mode: str, request_id: str, input_tokens: int, output_tokens: int,
+                token_gap_s: array | None = None, error_type: str = "") -> None: ...  # fmt: skip
+
+
+class RecordingTracer:
+    """Records stages, steps and requests of one worker (or the router) into a ring (a `Tracer`).
 
     `mark()` is the clock's mark function (host `perf_counter_ns`, or a CUDA event record). A mark
     belongs to the one record it is passed to: on CUDA its event returns to a free list once that record

@@ -25,6 +25,8 @@ from prometheus_client.exposition import choose_encoder, start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+from tracer.vocabulary import METERED_STAGES, Mode, Pool
+
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
     1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
@@ -34,7 +36,7 @@ TOKEN_BUCKETS_S = (
     0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 
-POOLS = ("colocated", "prefill", "decode")
+POOLS = tuple(Pool)
 # splitscope_kv_transfer_failures_total{reason}
 KV_TRANSFER_FAILURE_REASONS = (
     "checksum",  # bytes arrived but do not match the sender's checksum
@@ -44,8 +46,7 @@ KV_TRANSFER_FAILURE_REASONS = (
     "unauthorized",  # the shared-secret token is missing or wrong
     "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
 )
-MODES = ("colocated", "chunked", "disaggregated")
-STAGE_METRIC_LABELS = ("queue", "prefill", "kv_transfer", "decode")
+MODES = tuple(Mode)
 
 
 class Catalogue:
@@ -122,7 +123,7 @@ class Catalogue:
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
         return WorkerMetrics(
-            stage={s: self.stage_duration.labels(stage=s, pool=pool) for s in STAGE_METRIC_LABELS},
+            stage={s: self.stage_duration.labels(stage=s, pool=pool) for s in METERED_STAGES},
             inter_token_latency=self.inter_token_latency.labels(pool=pool),
             step_with_prefill=self.step_duration.labels(pool=pool, prefill_in_step="true"),
             step_without_prefill=self.step_duration.labels(pool=pool, prefill_in_step="false"),

@@ -23,15 +23,6 @@ from typing import Any, NamedTuple
 
 log = logging.getLogger(__name__)
 
-STAGE_QUEUE = "queue"
-STAGE_PREFILL = "prefill"
-STAGE_KV_TRANSFER = "kv_transfer"
-STAGE_KV_SEND = "kv_transfer.send"
-STAGE_KV_RECV = "kv_transfer.recv"
-STAGE_DECODE = "decode"
-STAGES = (STAGE_QUEUE, STAGE_PREFILL, STAGE_KV_TRANSFER, STAGE_KV_SEND, STAGE_KV_RECV, STAGE_DECODE)
-
-
 # The hot path pushes plain tuples (a NamedTuple's constructor costs three times a tuple display);
 # the first field says which record it is, and the pipeline views it through the NamedTuples below.
 # Trace contexts are kept as the engine's immutable TraceContext objects: reading their fields is the

@@ -1,155 +1,67 @@
-"""Wires one process's tracing: clock, ring, pipeline thread, exporters and metrics.
+"""Wires one process's tracing: clock, ring, pipeline thread, and where the spans go.
 
-Exporters follow the OpenTelemetry environment: `OTEL_EXPORTER_OTLP_ENDPOINT` (or
-`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) turns on OTLP export, over gRPC when
-`OTEL_EXPORTER_OTLP_PROTOCOL` (or `..._TRACES_PROTOCOL`) is `grpc`, else HTTP/protobuf (the spec's
-default). `traces_file` adds an OTLP/JSON file. `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` shape
-the resource. Each exporter sits behind its own BatchSpanProcessor (a bounded queue that drops when full),
-so a dead collector costs spans, never serving time; each such drop is counted as
-`splitscope_tracer_dropped_records_total{reason="export_queue_full"}`. The queue follows the standard
-`OTEL_BSP_MAX_QUEUE_SIZE`, `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` and `OTEL_BSP_SCHEDULE_DELAY` where set.
+Two paths (tracer.otel documents the OTEL_* variables the first one follows):
+- local: the OpenTelemetry SDK in this process exports the spans (OTLP from the environment, an
+  OTLP/JSON `traces_file`) and a Prometheus catalogue keeps the span-derived metrics;
+- sidecar (`sidecar_socket`): resolved spans go over a Unix socket to `splitscope sidecar`, which exports
+  and meters them. This path imports neither the OpenTelemetry SDK nor prometheus_client nor numpy; pass
+  `registry` or `catalogue` to have the tracer's own metrics (drops, pending records) in Prometheus too.
+
+Every record the tracer loses is counted by reason in `TracingSession.dropped_records` and, with a
+catalogue, in `splitscope_tracer_dropped_records_total{reason}`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import threading
-import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from opentelemetry.sdk.resources import OTELResourceDetector, Resource
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from prometheus_client import CollectorRegistry
-
-from tracer.api import NoopTracer, Tracer
-from tracer.metrics import Catalogue
-from tracer.pipeline import LocalSink, MetricsRecorder, Pipeline, Sink, Summariser
+from tracer.api import NoopTracer, RecordingTracer, Tracer
+from tracer.pipeline import Pipeline, Sink, Summariser
 from tracer.records import RecordRing
+from tracer.resource import default_service_name, resource_attributes
 from tracer.timing import default_clock
-from tracer.traces import OtlpJsonFileExporter
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor
+    from prometheus_client import CollectorRegistry
 
-
-def otlp_exporter_from_env(environ: dict[str, str] | None = None) -> SpanExporter | None:
-    """The OTLP span exporter the OTEL_* variables ask for, or None when no endpoint is set."""
-    env = os.environ if environ is None else environ
-    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    if not endpoint:
-        return None
-    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf"
-    if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-
-        return GrpcExporter()  # reads endpoint, headers, timeout, insecure from the environment
-    if protocol in ("http/protobuf", "http/json"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
-
-        return HttpExporter()  # appends /v1/traces to a generic endpoint itself
-    raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not one of grpc, http/protobuf")
+    from tracer.metrics import Catalogue
 
 
-class CountingBatchSpanProcessor(BatchSpanProcessor):
-    """A BatchSpanProcessor whose drops are counted and whose flush and shutdown keep their time limits.
+class DropCounts:
+    """Records lost by the tracer, by reason. `add` may be called from any thread; it never blocks for long.
 
-    The SDK's processor drops its oldest span when the queue is full (a dead or slow collector) and says
-    so only through its own optional OpenTelemetry metrics, which our Prometheus exposition does not
-    carry. `on_drop(1)` is called for each span that push displaces, on the thread that ends the span
-    (the pipeline thread); it must not block.
+    `on_add(reason, n)`, when set, is called after each addition (the catalogue's counter)."""
 
-    The SDK's `force_flush` ignores its timeout (opentelemetry-python#4568): with a dead collector it
-    retried every queued batch in turn, minutes of a stopping worker. Here it returns False at the
-    deadline and the export goes on in the background until `shutdown`, which waits at most
-    `shutdown_timeout_millis` (callers flush first, so it only waits for what came after the flush).
-    """
+    def __init__(self, on_add: Callable[[str, int], None] | None = None) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._on_add = on_add
 
-    def __init__(self, exporter: SpanExporter, *, on_drop: Callable[[int], None] | None = None,
-                 shutdown_timeout_millis: int = 1000, **settings: Any) -> None:  # fmt: skip
-        super().__init__(exporter, **settings)
-        self._shutdown_timeout_millis = shutdown_timeout_millis
-        # The SDK's own queue (1.45: a deque with maxlen), read for its length only. tests/faults checks
-        # that drops are counted with the pinned SDK; if a later SDK hides the queue, nothing is counted.
-        queue = getattr(self._batch_processor, "_queue", None)
-        self._queue = queue if getattr(queue, "maxlen", None) else None
-        self._on_drop = on_drop
+    def add(self, reason: str, count: int) -> None:
+        with self._lock:
+            self._counts[reason] += count
+        if self._on_add is not None:
+            self._on_add(reason, count)
 
-    def on_end(self, span: ReadableSpan) -> None:
-        queue = self._queue
-        full = queue is not None and len(queue) >= queue.maxlen
-        if full and self._on_drop is not None and span.context is not None and span.context.trace_flags.sampled:
-            self._on_drop(1)
-        super().on_end(span)
-
-    def force_flush(self, timeout_millis: int | None = None) -> bool:
-        """Export what is queued; blocks up to `timeout_millis` (default 30 s). False if not done by then."""
-        done = threading.Event()
-
-        def flush() -> None:
-            BatchSpanProcessor.force_flush(self)
-            done.set()
-
-        threading.Thread(target=flush, name="splitscope-span-flush", daemon=True).start()
-        return done.wait((30_000 if timeout_millis is None else timeout_millis) / 1000)
-
-    def shutdown(self) -> None:
-        """Stop the export thread: blocks up to `shutdown_timeout_millis`, then abandons what is left."""
-        self._batch_processor.shutdown(self._shutdown_timeout_millis)
-
-
-def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
-    value = env.get(name, "").strip()
-    if not value:
-        return default
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
-    return int(value)
-
-
-def span_processors(traces_file: str | None, environ: Mapping[str, str] | None = None,
-                    on_drop: Callable[[int], None] | None = None) -> list[SpanProcessor]:  # fmt: skip
-    """One batching processor per exporter (OTLP from the environment, the traces file). `on_drop(n)`
-    counts spans a full export queue displaced. Raises ValueError on a malformed OTEL_BSP_* value."""
-    env = os.environ if environ is None else environ
-    exporters: list[SpanExporter] = []
-    otlp = otlp_exporter_from_env(environ)
-    if otlp is not None:
-        exporters.append(otlp)
-    if traces_file:
-        exporters.append(OtlpJsonFileExporter(traces_file))
-    # Large batches keep per-span export cost low; the queue bound keeps memory bounded when export stalls.
-    max_queue_size = _env_count(env, "OTEL_BSP_MAX_QUEUE_SIZE", 8192)
-    settings = {
-        "max_queue_size": max_queue_size,
-        "max_export_batch_size": min(_env_count(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), max_queue_size),
-        "schedule_delay_millis": _env_count(env, "OTEL_BSP_SCHEDULE_DELAY", 500),
-    }
-    return [CountingBatchSpanProcessor(e, on_drop=on_drop, **settings) for e in exporters]
-
-
-def make_resource(service_name: str | None = None, attributes: dict[str, Any] | None = None) -> Resource:
-    """Our defaults, overridden by OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES where set."""
-    defaults = {
-        "service.name": service_name or "splitscope",
-        "service.instance.id": f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}",
-        "host.name": socket.gethostname(),
-        **(attributes or {}),
-    }
-    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+    def by_reason(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
 
 
 @dataclass
 class TracingSession:
     """Everything one process's tracing owns. `tracer` is what the engine calls."""
 
-    tracer: Tracer | NoopTracer
+    tracer: Tracer
     pipeline: Pipeline | None
     catalogue: Catalogue | None
     registry: CollectorRegistry | None
+    dropped_records: DropCounts = field(default_factory=DropCounts)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Emit and flush what is left. Blocks up to about `timeout_s`."""
@@ -174,35 +86,56 @@ def start_tracing(
     interval_s: float = 0.1,
     enabled: bool = True,
 ) -> TracingSession:
-    """Start tracing for one worker (`pool`, `worker`) or the router (both None).
+    """Start tracing for one worker (`pool`, `worker`) or the router (both None). Call once per process.
 
-    Metrics go to `catalogue` (built on `registry` when not given). `sink` replaces local export (the
-    sidecar client); `processors` replaces the exporters from the environment (tests use an in-memory
-    exporter). `sidecar_socket` ships resolved spans to a sidecar over that Unix socket instead of
-    exporting here (the sidecar then exports and keeps the span-derived metrics). With `enabled=False` the session holds a NoopTracer and starts no thread.
+    The resource's `service.name` is `service_name`, else `splitscope-{pool}` (`splitscope-router`), and
+    OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES override it on both paths. `sidecar_socket` ships
+    resolved spans to a sidecar over that Unix socket; `sink` replaces export altogether; `processors`
+    replaces the exporters from the environment (tests use an in-memory exporter). Metrics go to
+    `catalogue` (built on `registry` when not given; on the local path one is always built). With
+    `enabled=False` the session holds a NoopTracer and starts no thread.
     """
     if not enabled:
         return TracingSession(NoopTracer(), None, catalogue, registry)
-    registry = registry if registry is not None else (catalogue.registry if catalogue else CollectorRegistry())
-    catalogue = catalogue or Catalogue(registry)
-    clock = default_clock(device)
-    ring = RecordRing(ring_capacity)
+    local = sink is None and not sidecar_socket
+    if catalogue is None and (registry is not None or local):
+        from prometheus_client import CollectorRegistry
+
+        from tracer.metrics import Catalogue
+
+        catalogue = Catalogue(registry if registry is not None else CollectorRegistry())
+    registry = catalogue.registry if catalogue is not None else registry
+    counter = catalogue.tracer_dropped if catalogue is not None else None
+    dropped = DropCounts(None if counter is None else lambda reason, n: counter.labels(reason=reason).inc(n))
+    resource = resource_attributes(service_name or default_service_name(pool))
     if sink is None and sidecar_socket:
         from tracer.sidecar.client import SidecarSink
 
-        sink = SidecarSink(sidecar_socket, on_drop=lambda n: catalogue.tracer_dropped.labels(reason="sidecar_unreachable").inc(n))
+        sink = SidecarSink(sidecar_socket, on_drop=lambda n: dropped.add("sidecar_unreachable", n), resource=resource)
     if sink is None:
-        resource = make_resource(service_name or (f"splitscope-{pool}" if pool else "splitscope-router"))
-        export_dropped = catalogue.tracer_dropped.labels(reason="export_queue_full")
-        procs = processors if processors is not None else span_processors(traces_file, on_drop=export_dropped.inc)
-        sink = LocalSink(resource, procs, MetricsRecorder(catalogue))
-    dropped = catalogue.tracer_dropped
+        sink = _local_sink(resource, catalogue, traces_file, processors, dropped)
+    clock = default_clock(device)
+    ring = RecordRing(ring_capacity)
     pipeline = Pipeline(
         ring,
         Summariser(clock, pool, worker, step_sample_every),
         sink,
         interval_s=interval_s,
-        on_drop=lambda reason, n: dropped.labels(reason=reason).inc(n),
-        pending_gauge=catalogue.tracer_pending,
+        on_drop=dropped.add,
+        pending_gauge=catalogue.tracer_pending if catalogue is not None else None,
     ).start()
-    return TracingSession(Tracer(clock, ring), pipeline, catalogue, registry)
+    return TracingSession(RecordingTracer(clock, ring), pipeline, catalogue, registry, dropped)
+
+
+def _local_sink(resource: dict[str, Any], catalogue: Catalogue | None, traces_file: str | None,
+                processors: list[SpanProcessor] | None, dropped: DropCounts) -> Sink:  # fmt: skip
+    """The in-process SDK export and metrics (imported here: the sidecar path never loads them)."""
+    from opentelemetry.sdk.resources import Resource
+
+    from tracer.local_sink import LocalSink, MetricsRecorder
+    from tracer.otel import span_processors
+
+    if processors is None:
+        processors = span_processors(traces_file, on_drop=lambda n: dropped.add("export_queue_full", n))
+    metrics = MetricsRecorder(catalogue) if catalogue is not None else None
+    return LocalSink(Resource.create(resource), processors, metrics)

@@ -23,10 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-perf_counter_ns = time.perf_counter_ns
+from tracer.vocabulary import SOURCE_CUDA, SOURCE_HOST
 
-SOURCE_HOST = "host"
-SOURCE_CUDA = "cuda"
+perf_counter_ns = time.perf_counter_ns
 
 DEFAULT_CUDA_TIMEOUT_NS = 2_000_000_000  # 2 s: far beyond any step, short enough to keep memory bounded
 

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tests.conftest import free_port, wait_for
 from tracer import spans as s
-from tracer.session import CountingBatchSpanProcessor, span_processors
+from tracer.otel import CountingBatchSpanProcessor, span_processors, to_readable_span
 
 RESOURCE = Resource.create({"service.name": "faults"})
 
@@ -24,7 +24,7 @@ def step_span() -> ReadableSpan:
         name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=s.new_trace_id(), span_id=s.new_span_id(), parent_span_id=0,
         start_ns=1_000, end_ns=2_000, attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
     )  # fmt: skip
-    return s.to_readable_span(data, RESOURCE)
+    return to_readable_span(data, RESOURCE)
 
 
 class StuckExporter(SpanExporter):

@@ -21,6 +21,7 @@ from opentelemetry.sdk.resources import Resource
 
 from tests.conftest import REPO_ROOT
 from tracer import spans as s
+from tracer.otel import to_readable_span
 from tracer.sidecar import wire
 
 SPANS = {"sidecar": 800_000, "otlp-http": 120_000, "otlp-grpc": 120_000}
@@ -48,7 +49,7 @@ def bytes_per_span(kind: str) -> float:
     resource = Resource.create({"service.name": "w0"})
     tracemalloc.start()
     try:
-        readable = [s.to_readable_span(d, resource) for d in batch]
+        readable = [to_readable_span(d, resource) for d in batch]
         traced, _ = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracer import spans as s
-from tracer.session import make_resource
+from tracer.otel import make_resource, to_readable_span
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.traces import encode_line
 
@@ -14,7 +14,7 @@ RESOURCE = make_resource("svc", {"deployment.environment": "test", "ports": [1, 
 
 
 def _reference(spans: list[s.SpanData]) -> bytes:
-    return encode_line([s.to_readable_span(d, RESOURCE) for d in spans])
+    return encode_line([to_readable_span(d, RESOURCE) for d in spans])
 
 
 def _fast(spans: list[s.SpanData]) -> bytes:

@@ -56,8 +56,8 @@ def _value(families: dict, family: str, sample: str, **labels) -> float:
     return matches[0]
 
 
-def test_vllm_fixture_maps_into_our_catalogue(make_sidecar, engine_server, shared_dir):
-    url = engine_server(shared_dir / "fixtures/engines/vllm-worker-metrics.txt", FIXTURES / "vllm-nixl-metrics.txt")
+def test_vllm_fixture_maps_into_our_catalogue(make_sidecar, engine_server):
+    url = engine_server(FIXTURES / "vllm-worker-metrics.txt", FIXTURES / "vllm-nixl-metrics.txt")
     sidecar = make_sidecar(grpc_port=None, pool="decode", worker="vllm-d0", mode="disaggregated", scrape=[("vllm", url)])
     status, body = http_get(f"http://127.0.0.1:{sidecar.http_port}/metrics")
     f = _families(body.decode())
@@ -83,8 +83,8 @@ def test_vllm_fixture_maps_into_our_catalogue(make_sidecar, engine_server, share
     assert not any(name.startswith(("vllm:", "dynamo_", "lmcache:")) for name in f)
 
 
-def test_dynamo_frontend_fixture_gives_ttft_itl_and_queueing(engine_server, shared_dir):
-    text = (shared_dir / "fixtures/engines/dynamo-frontend-metrics.txt").read_text()
+def test_dynamo_frontend_fixture_gives_ttft_itl_and_queueing(engine_server):
+    text = (FIXTURES / "dynamo-frontend-metrics.txt").read_text()
     f = {m.name: m for m in map_families(text, "dynamo", pool="decode", worker="frontend", mode="disaggregated")}
     labels = {"gen_ai_request_model": "qwen/qwen3-0.6b", "mode": "disaggregated"}
     assert _value(f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_sum", **labels) == pytest.approx(1.5625701570000001)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import inspect
 
 from tracer import TraceContext
-from tracer.api import NoopTracer, Tracer
+from tracer.api import NoopTracer, RecordingTracer
 from tracer.records import KIND_STAGE, KIND_STAGE_WALL, KIND_STEP, RECORD_TYPES, RecordRing
 from tracer.timing import HostClock
 
 
-def _tracer() -> Tracer:
-    return Tracer(HostClock(), RecordRing(64))
+def _tracer() -> RecordingTracer:
+    return RecordingTracer(HostClock(), RecordRing(64))
 
 
 def test_stage_signatures_match_so_tracing_off_is_a_drop_in():

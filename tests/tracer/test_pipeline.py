@@ -16,8 +16,8 @@ from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue
-from tracer.pipeline import MetricsRecorder
-from tracer.session import otlp_exporter_from_env
+from tracer.local_sink import MetricsRecorder
+from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.traces import iter_spans
 
 MS = 1_000_000
@@ -259,7 +259,7 @@ def test_span_kinds_pass_through_to_the_sdk_span(kind, expected):
     from opentelemetry.sdk.resources import Resource
 
     data = s.SpanData("x", kind, 1, 2, 0, 10, 20, {})
-    assert s.to_readable_span(data, Resource({})).kind == expected
+    assert to_readable_span(data, Resource({})).kind == expected
 
 
 def test_failure_counters_exist_at_zero_before_the_first_failure():

@@ -27,6 +27,7 @@ from typing import Any
 
 from tracer import spans as s
 from tracer.sidecar import wire
+from tracer.resource import resource_attributes
 from tracer.sidecar.auth import TOKEN_ENV
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,6 @@ class SidecarSink:
         self._wakeup = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._sock: socket.socket | None = None
-        self._pool_hint: str | None = None
         self.sent_spans = 0
         self.dropped_spans = 0
         self.connects = 0
@@ -73,8 +73,6 @@ class SidecarSink:
         """Queue `batch` for the sidecar. Never blocks; drops (counted) when the buffer is full."""
         if not batch:
             return
-        if self._pool_hint is None:
-            self._pool_hint = next((str(d.attributes[s.ATTR_POOL]) for d in batch if d.attributes.get(s.ATTR_POOL)), "")
         frames = []
         for i in range(0, len(batch), wire.MAX_RECORDS_PER_FRAME):
             chunk = batch[i : i + wire.MAX_RECORDS_PER_FRAME]
@@ -150,11 +148,8 @@ class SidecarSink:
         return True
 
     def _resource_attributes(self) -> dict[str, Any]:
-        if self._resource is None:
-            from tracer.session import make_resource  # the same service naming as local export
-
-            pool = self._pool_hint
-            self._resource = dict(make_resource(f"splitscope-{pool}" if pool else "splitscope-router").attributes)
+        if self._resource is None:  # a sink built on its own: our defaults and the OTEL_* environment
+            self._resource = resource_attributes()
         return self._resource
 
     def _close(self) -> None:

@@ -23,8 +23,8 @@ from prometheus_client import CollectorRegistry
 
 from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue, serve_metrics
-from tracer.pipeline import MetricsRecorder
-from tracer.session import span_processors
+from tracer.local_sink import MetricsRecorder
+from tracer.otel import span_processors
 from tracer.sidecar.auth import token_for
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import IngestQueue

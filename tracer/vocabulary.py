@@ -1,0 +1,129 @@
+"""The public contract's names, defined once (docs/architecture.md sections 4-7).
+
+Span names, span attributes, stages, pools, modes and verdicts: every producer (the tracer, the reference
+server, the sidecar's engine adapters) and every reader (the report, the tests) imports them from here, so a
+rename is a one-line change here. Metric names live with their definitions in `tracer.metrics`.
+
+Dependency-free on purpose: engine code imports it on the hot path's import chain.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    """A request's stages, as recorded by `Tracer.stage` and as the `stage` label of stage metrics."""
+
+    QUEUE = "queue"
+    PREFILL = "prefill"
+    KV_TRANSFER = "kv_transfer"
+    KV_SEND = "kv_transfer.send"
+    KV_RECV = "kv_transfer.recv"
+    DECODE = "decode"
+
+
+# The stages that carry a `stage` label value on `splitscope_stage_duration_seconds` (the transfer's two
+# halves are children of the transfer span and are not metered apart).
+METERED_STAGES = (Stage.QUEUE, Stage.PREFILL, Stage.KV_TRANSFER, Stage.DECODE)
+
+
+class Pool(StrEnum):
+    """`splitscope.pool`: which pool a worker serves."""
+
+    COLOCATED = "colocated"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Mode(StrEnum):
+    """`splitscope.mode`: how a deployment serves (the router's layout)."""
+
+    COLOCATED = "colocated"
+    CHUNKED = "chunked"
+    DISAGGREGATED = "disaggregated"
+
+
+class Verdict(StrEnum):
+    """What `splitscope report` recommends."""
+
+    STAY_COLOCATED = "stay-colocated"
+    ENABLE_CHUNKED_PREFILL = "enable-chunked-prefill"
+    SPLIT = "split"
+    REBALANCE = "rebalance"
+    MERGE = "merge"
+    INSUFFICIENT_DATA = "insufficient-data"
+
+
+# ---------------------------------------------------------------------------------------- span names
+
+ROOT_SPAN_PREFIX = "text_completion"  # the router's root span: "text_completion {model}"
+CHAT_SPAN_PREFIX = "chat"  # the router's root span for chat completions: "chat {model}"
+SPAN_QUEUE = "splitscope.queue"
+SPAN_PREFILL = "splitscope.prefill"
+SPAN_KV_TRANSFER = "splitscope.kv_transfer"
+SPAN_KV_SEND = "splitscope.kv_transfer.send"
+SPAN_KV_RECV = "splitscope.kv_transfer.recv"
+SPAN_DECODE = "splitscope.decode"
+SPAN_STEP = "splitscope.step"
+EVENT_DECODE_STALL = "splitscope.decode.stall"
+
+STAGE_SPAN_NAMES = {
+    Stage.QUEUE: SPAN_QUEUE,
+    Stage.PREFILL: SPAN_PREFILL,
+    Stage.KV_TRANSFER: SPAN_KV_TRANSFER,
+    Stage.KV_SEND: SPAN_KV_SEND,
+    Stage.KV_RECV: SPAN_KV_RECV,
+    Stage.DECODE: SPAN_DECODE,
+}
+
+# ---------------------------------------------------------------------------------------- attributes
+
+ATTR_OPERATION = "gen_ai.operation.name"
+ATTR_MODEL = "gen_ai.request.model"
+ATTR_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+ATTR_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+ATTR_REQUEST_ID = "splitscope.request.id"
+ATTR_MODE = "splitscope.mode"
+ATTR_TTFT_S = "splitscope.ttft_s"
+ATTR_ITL_P99_S = "splitscope.itl_p99_s"
+ATTR_ITL_MAX_S = "splitscope.itl_max_s"
+ATTR_ITL_MEAN_S = "splitscope.itl_mean_s"
+ATTR_POOL = "splitscope.pool"
+ATTR_WORKER = "splitscope.worker"
+ATTR_TIMING_SOURCE = "splitscope.timing.source"
+ATTR_PREFILL_TOKENS = "splitscope.prefill.tokens"
+ATTR_PREFILL_CACHED_TOKENS = "splitscope.prefill.cached_tokens"
+ATTR_PREFILL_CHUNKS = "splitscope.prefill.chunks"
+ATTR_KV_BYTES = "splitscope.kv.bytes"
+ATTR_KV_BLOCKS = "splitscope.kv.blocks"
+ATTR_KV_BLOCK_TOKENS = "splitscope.kv.block_tokens"
+ATTR_KV_STREAMS = "splitscope.kv.streams"
+ATTR_KV_SRC = "splitscope.kv.src"
+ATTR_KV_DST = "splitscope.kv.dst"
+ATTR_CLOCK_OFFSET_NS = "splitscope.clock.offset_ns"
+ATTR_DECODE_ITL_P50_S = "splitscope.decode.itl_p50_s"
+ATTR_DECODE_ITL_P99_S = "splitscope.decode.itl_p99_s"
+ATTR_DECODE_ITL_MAX_S = "splitscope.decode.itl_max_s"
+ATTR_DECODE_STALLS = "splitscope.decode.stalls"
+ATTR_STEP_DECODE_REQUESTS = "splitscope.step.decode_requests"
+ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
+ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"
+ATTR_ERROR_TYPE = "error.type"
+
+# Resource attributes (OpenTelemetry semantic conventions).
+RESOURCE_SERVICE_NAME = "service.name"
+RESOURCE_SERVICE_NAMESPACE = "service.namespace"  # the deployment; the `namespace` label on metrics
+RESOURCE_SERVICE_INSTANCE = "service.instance.id"
+RESOURCE_HOST_NAME = "host.name"
+
+# Timing sources (`splitscope.timing.source`).
+SOURCE_HOST = "host"
+SOURCE_CUDA = "cuda"
+
+# OTLP span kinds (trace.proto Span.SpanKind); ours are INTERNAL and SERVER, others pass through.
+KIND_INTERNAL = 1
+KIND_SERVER = 2
+KIND_CLIENT = 3
+KIND_PRODUCER = 4
+KIND_CONSUMER = 5
