@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence as SequenceOf
@@ -38,10 +39,12 @@ from reference_server.model import SeqSlice, Transformer, multinomial_sample_one
 from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, Sequence, SeqState, StepPlan
 from tracer import TraceContext
 from tracer import spans as s
-from tracer.metrics import WorkerMetrics
+from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics
 from tracer.timing import perf_counter_ns
 
 log = logging.getLogger(__name__)
+
+KV_REFUSED = KV_FAILURE_REFUSED  # the KV transfer failure reason for "the receiver had no room"
 
 # Scheduler policy of each worker role.
 POLICY_OF_ROLE = {"colocated": "colocated", "chunked": "chunked", "prefill": "prefill-only", "decode": "decode-only"}
@@ -103,6 +106,7 @@ class Engine:
         anchor: Callable[[], None] | None = None,
         on_handoff: Callable[[Tracked, int, int], None] | None = None,
         kv_address: str = "",
+        kv_wait_s: float = 5.0,
     ) -> None:
         if role not in POLICY_OF_ROLE:
             raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(POLICY_OF_ROLE)}")
@@ -121,6 +125,9 @@ class Engine:
             max_waiting_requests=max_waiting_requests,
         )
         self.allocator_lock = threading.Lock()
+        # Notified whenever blocks go back to the allocator: a KV receiver waiting for room wakes up.
+        self._room = threading.Condition(self.allocator_lock)
+        self.kv_wait_s = kv_wait_s
         self.tracer = tracer
         self.clock = getattr(tracer, "clock", None)
         self.metrics = metrics
@@ -206,17 +213,26 @@ class Engine:
         self._post(("finish", request_id))
 
     def allocate_blocks(self, count: int) -> list[int] | None:
-        """KV receiver callback: `count` destination blocks, or None when the cache is short."""
-        with self.allocator_lock:
-            try:
-                return self.allocator.allocate(count)
-            except OutOfBlocks:
-                return None
+        """KV receiver callback (a receiver connection thread): `count` destination blocks, or None when
+        the cache stays short. Blocks up to `kv_wait_s` for running requests to give blocks back, so a
+        burst waits for room instead of failing; the receiver then refuses, and the client gets a 503."""
+        deadline_s = time.monotonic() + self.kv_wait_s
+        with self._room:
+            while True:
+                try:
+                    return self.allocator.allocate(count)
+                except OutOfBlocks:
+                    pass
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0 or self._stop.is_set() or count > self.allocator.num_blocks:
+                    return None
+                self._room.wait(remaining_s)
 
     def free_blocks(self, block_ids: SequenceOf[int]) -> None:
         """KV receiver callback: give back the blocks of a failed transfer."""
-        with self.allocator_lock:
+        with self._room:
             self.allocator.free(block_ids)
+            self._room.notify_all()
 
     def load(self) -> dict[str, Any]:
         """A snapshot for /health (reads without a lock: values may be one iteration stale)."""
@@ -323,7 +339,11 @@ class Engine:
 
     def _on_kv_failed(self, request_id: str, reason: str) -> None:
         tracked = self._expected.pop(request_id, None)
-        if tracked is not None:
+        if tracked is None:
+            return
+        if reason == KV_REFUSED:  # no room for its blocks, even after waiting: capacity, retryable
+            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", "KV cache is full on this decode worker (transfer refused)"))
+        else:
             self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({reason})"))
 
     def _on_abort(self, request_id: str, reason: str) -> None:
@@ -332,16 +352,18 @@ class Engine:
         if tracked is None or tracked.seq is None or tracked.seq.state is SeqState.HANDED_OFF:
             return  # a handed-off prompt's blocks are read by its transfer until finish_handoff()
         del self._tracked[request_id]
-        with self.allocator_lock:
+        with self._room:
             if not tracked.seq.is_finished:
                 self.scheduler.abort(request_id)
+                self._room.notify_all()
         self._record_spans_so_far(tracked, reason)
 
     def _on_finish(self, request_id: str) -> None:
         tracked = self._tracked.pop(request_id, None)
-        with self.allocator_lock:
+        with self._room:
             if tracked is not None and tracked.seq is not None and not tracked.seq.is_finished:
                 self.scheduler.finish(request_id)
+                self._room.notify_all()
 
     def _send_now(self, sink: Sink, event: tuple) -> None:
         self.deliver([(sink, event)])
@@ -364,8 +386,9 @@ class Engine:
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
         except Exception as exc:
             log.exception("engine step failed; failing its %d requests", len(plan.sequences))
-            with self.allocator_lock:
+            with self._room:
                 ended = self.scheduler.on_step_failed(plan, "error")
+                self._room.notify_all()
             events = []
             for seq in ended:
                 t = tracked.pop(seq.seq_id, None)
@@ -378,8 +401,10 @@ class Engine:
             self._anchor()  # the device just went idle: a fresh anchor for CUDA-event timing
         step_end = mark()
         now_perf_ns = perf_counter_ns()
-        with self.allocator_lock:
+        with self._room:
             outcome = self.scheduler.on_step_done(plan, token_ids)
+            if outcome.finished:
+                self._room.notify_all()
         self.steps_total += 1
         prefill_tokens = plan.prefill_tokens
         tracer.step(step_start, step_end, plan.num_decode_requests, prefill_tokens, plan.context_tokens)

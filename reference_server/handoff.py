@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from reference_server.engine import EVENT_ERROR, Deliver, Engine, Tracked, kv_attributes
+from reference_server.engine import EVENT_ERROR, KV_REFUSED, Deliver, Engine, Tracked, kv_attributes
 from reference_server.transfer import KVSender, KVTransferError
 from tracer import spans as s
 
@@ -131,4 +131,7 @@ class KVHandoff:
         self.tracer.stage_wall(
             "kv_transfer", t.ctx, handoff_wall_ns, end_wall_ns, attrs, span_id=kv_span_id, error_type=error_type
         )
-        self.deliver([(t.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({error_type}): {detail}"))])
+        if error_type == KV_REFUSED:  # the decode worker is out of KV room: capacity, retryable
+            self.deliver([(t.sink, (EVENT_ERROR, 503, "overloaded", f"KV transfer refused: {detail}"))])
+        else:
+            self.deliver([(t.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({error_type}): {detail}"))])

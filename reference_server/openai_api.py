@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_server.tokenizer import VOCAB_SIZE, encode
+from tracer.spans import OPERATION_CHAT, OPERATION_TEXT_COMPLETION
+
+OPERATION_COMPLETION = OPERATION_TEXT_COMPLETION  # gen_ai.operation.name (GenAI semantic conventions)
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0
 MAX_USER_CHARS = 256
 MAX_STOP_SEQUENCES = 4  # OpenAI's bound
 MAX_STOP_CHARS = 256
-OPERATION_COMPLETION = "text_completion"  # GenAI semantic conventions: gen_ai.operation.name
-OPERATION_CHAT = "chat"
 CHAT_ROLES = ("system", "developer", "user", "assistant")
 OWNED_BY = "splitscope"
 

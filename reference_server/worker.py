@@ -89,6 +89,7 @@ class WorkerOptions:
     sidecar_socket: str | None = None
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     max_waiting: int = 256
+    kv_wait_s: float = 5.0  # decode: how long a KV transfer waits for room before it is refused
 
 
 def internal_api_token(host: str) -> str | None:
@@ -165,6 +166,7 @@ class Worker:
             deliver=self.deliver,
             max_waiting_requests=options.max_waiting,
             anchor=getattr(clock, "anchor", None),
+            kv_wait_s=options.kv_wait_s,
         )
         self.receiver = None
         self.sender = None

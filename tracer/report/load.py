@@ -17,9 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from tracer import vocabulary
 from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
 
-ROOT_PREFIX = "text_completion"
+ROOT_PREFIXES = (vocabulary.ROOT_SPAN_PREFIX, vocabulary.CHAT_SPAN_PREFIX + " ")  # "text_completion {model}", "chat {model}"
 VLLM_REQUEST_SPAN = "llm_request"
 
 
@@ -258,7 +259,7 @@ def _take(
     # The request span: the router's SERVER span (its parent, when present, is the client's span), or
     # vLLM's own `llm_request` span passed through by the sidecar's adapter with our stage spans under it.
     keys = None
-    if name.startswith(ROOT_PREFIX) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
+    if name.startswith(ROOT_PREFIXES) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
         keys = _OUR_REQUEST_KEYS
     elif name == VLLM_REQUEST_SPAN:
         keys = _VLLM_REQUEST_KEYS
