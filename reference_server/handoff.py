@@ -20,6 +20,7 @@ from typing import Any
 
 from reference_server.engine import EVENT_ERROR, KV_REFUSED, Deliver, Engine, Tracked, kv_attributes
 from reference_server.transfer import KVSender, KVTransferError
+from reference_server.transfer_wire import ABORTED
 from tracer import spans as s
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,10 @@ class KVHandoff:
                 "kv_bytes": result.kv_bytes,
             }
             self.deliver([(t.sink, (EVENT_TRANSFERRED, first_token_id, info))])
+            return
+        if error_type == ABORTED:  # the client left and the decode worker cut the transfer: not a failure
+            log.info("KV transfer of %s to %s cut: its request was aborted", request.request_id, dst)
+            self.deliver([(t.sink, (EVENT_ERROR, 499, ABORTED, "the request was aborted"))])
             return
         log.warning("KV transfer of %s to %s failed: %s", request.request_id, dst, detail)
         attrs = {s.ATTR_KV_SRC: self.worker, s.ATTR_KV_DST: dst, s.ATTR_KV_STREAMS: self.streams}

@@ -57,7 +57,7 @@ from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from prometheus_client import CollectorRegistry
 
 from tracer import TraceContext, start_tracing
-from tracer.metrics import exposition
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition
 from tracer.auth import bearer_ok, is_loopback
 
 log = logging.getLogger("reference_server.worker")
@@ -310,7 +310,9 @@ class Worker:
             pass
         finally:
             if not finished:  # the router went away (or the write failed): free the request's blocks
-                self.engine.abort(req.request_id, "client_disconnected")
+                self.engine.abort(req.request_id, ABORT_CLIENT_DISCONNECTED)
+                if self.receiver is not None:  # and cut its KV transfer if it is on its way
+                    self.receiver.cancel(req.request_id)
         return response
 
     async def prefill(self, request: web.Request) -> web.Response:
@@ -335,7 +337,7 @@ class Worker:
         try:
             event = await outcome
         except asyncio.CancelledError:
-            self.engine.abort(req.request_id, "client_disconnected")
+            self.engine.abort(req.request_id, ABORT_CLIENT_DISCONNECTED)
             raise
         from reference_server.handoff import EVENT_TRANSFERRED
 
