@@ -8,6 +8,7 @@ parsed with prometheus_client's parser.
 from __future__ import annotations
 
 import json
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection, HTTPResponse
 
@@ -17,6 +18,7 @@ from tests.reference_server.server_harness import Server, http, sse_events, stre
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED
 
 DISCONNECTING_CLIENTS = 24
+EARLY_LEAVERS = 12
 
 
 def _samples(server: Server) -> dict[tuple[str, tuple], float]:
@@ -62,7 +64,7 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
             connection.sock.close()
             connection.close()
 
-        def all_released():
+        def all_released(aborts: int):
             samples = _samples(server)
             held = {
                 pool: (_worker_value(samples, "splitscope_requests_running", pool),
@@ -70,17 +72,37 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
                        _worker_value(samples, "splitscope_kv_cache_usage_ratio", pool))
                 for pool in ("prefill", "decode")
             }  # fmt: skip
-            done = _aborted(samples) == DISCONNECTING_CLIENTS and all(v == (0, 0, 0) for v in held.values())
+            done = _aborted(samples) == aborts and all(v == (0, 0, 0) for v in held.values())
             return done or None
 
-        wait_for(all_released, 20, f"{DISCONNECTING_CLIENTS} aborts counted and no request or KV block left on any worker")
+        wait_for(lambda: all_released(DISCONNECTING_CLIENTS), 20,
+                 f"{DISCONNECTING_CLIENTS} aborts counted and no request or KV block left on any worker")
         assert server.health()["inflight"] == 0
+
+        # Clients that leave before their first token: their requests are queued for prefill, prefilling,
+        # or moving their KV to the decode worker when the connections close.
+        early = []
+        for i in range(EARLY_LEAVERS):
+            sock = socket.create_connection(("127.0.0.1", server.port))
+            body = json.dumps({"model": "tiny", "prompt": f"{i:02d} long prompt " * 40, "max_tokens": 200,
+                               "stream": True, "ignore_eos": True}).encode()  # fmt: skip
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            early.append(sock)
+        wait_for(lambda: server.health()["inflight"] == EARLY_LEAVERS, 20, "every early request inside the router")
+        for sock in early:
+            sock.close()
+        total = DISCONNECTING_CLIENTS + EARLY_LEAVERS
+        wait_for(lambda: all_released(total), 20, f"{total} aborts counted and nothing left on any worker")
 
         # A new request is served at once: no 503 while the workers shed the aborted ones.
         status, body, _ = server.complete({"prompt": "after the storm", "max_tokens": 8, "stream": True,
                                            "ignore_eos": True, "return_token_ids": True})  # fmt: skip
         assert status == 200 and len(streamed_token_ids(sse_events(body))) == 8
-        assert _aborted(_samples(server)) == DISCONNECTING_CLIENTS  # a finished request is not an abort
+        samples = _samples(server)
+        assert _aborted(samples) == total  # a finished request is not an abort
+        # A transfer cut because its client left is not a KV transfer failure.
+        assert sum(v for (name, _), v in samples.items() if name == "splitscope_kv_transfer_failures_total") == 0
 
         log = server.log_file.read_text(errors="replace")
         assert "Traceback" not in log and "Cannot write to closing transport" not in log
