@@ -30,3 +30,9 @@ def test_a_tiny_top_p_is_greedy_and_top_p_one_is_plain_sampling():
     logits = torch.randn(1, 258, generator=torch.Generator().manual_seed(3))
     assert set(_draws(logits, 1e-6, 500).tolist()) == {int(logits.argmax())}
     assert len(set(_draws(logits * 0.1, 1.0, 500).tolist())) > 50  # a flat distribution: many tokens drawn
+
+
+def test_top_p_sampling_never_reads_device_values_on_the_host():
+    """On the meta device any host read (.item(), .tolist(), a data-dependent branch) raises."""
+    drawn = sample_top_p_no_sync(torch.empty(3, 258, device="meta"), 0.7, 0.9, None)
+    assert drawn.shape == (3,) and drawn.device.type == "meta"
