@@ -33,10 +33,9 @@ from prometheus_client import CollectorRegistry
 from tracer import spans as s
 from tracer.metrics import Catalogue
 from tracer.local_sink import LocalSink, MetricsRecorder
-from tracer.otel import make_resource, to_readable_span
+from tracer.otel import OtlpJsonFileExporter, make_resource, to_readable_span
 from tracer.sidecar import wire
 from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
-from tracer.traces import OtlpJsonFileExporter
 
 RECORDS_PER_REQUEST = 11
 

@@ -49,6 +49,8 @@ KV_REFUSED = KV_FAILURE_REFUSED  # the KV transfer failure reason for "the recei
 # Scheduler policy of each worker role.
 POLICY_OF_ROLE = {"colocated": "colocated", "chunked": "chunked", "prefill": "prefill-only", "decode": "decode-only"}
 # Span pool name (DESIGN 4) of each role.
+# A loop iteration that raises this many times in a row is a deterministic failure, not bad luck.
+MAX_CONSECUTIVE_LOOP_FAILURES = 8
 POOL_OF_ROLE = {"colocated": "colocated", "chunked": "colocated", "prefill": "prefill", "decode": "decode"}
 
 # Events handed to a request's sink, as tuples (cheap to build on the hot path):
@@ -107,6 +109,7 @@ class Engine:
         on_handoff: Callable[[Tracked, int, int], None] | None = None,
         kv_address: str = "",
         kv_wait_s: float = 5.0,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         if role not in POLICY_OF_ROLE:
             raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(POLICY_OF_ROLE)}")
@@ -143,6 +146,8 @@ class Engine:
         self._expected: dict[str, Tracked] = {}  # decode workers: waiting for their KV to arrive
         self._thread: threading.Thread | None = None
         self.steps_total = 0
+        self._on_fatal = on_fatal
+        self.fatal_error = ""  # set when the loop gave up (MAX_CONSECUTIVE_LOOP_FAILURES)
 
     # ------------------------------------------------------------------------------ any thread
 
@@ -256,7 +261,11 @@ class Engine:
     # ------------------------------------------------------------------------------ engine thread
 
     def run(self) -> None:
-        """The loop. Engine thread only; returns when `stop()` is called."""
+        """The loop. Engine thread only; returns when `stop()` is called, or after
+        MAX_CONSECUTIVE_LOOP_FAILURES iterations in a row raised: then every request fails, `fatal_error`
+        says why and `on_fatal(reason)` is called (the worker exits non-zero, so the launcher and router
+        see a dead worker instead of one that answers nothing)."""
+        failures = 0
         while not self._stop.is_set():
             try:
                 self._drain_inbox()
@@ -271,9 +280,17 @@ class Engine:
                     self._wait()
                     continue
                 self._step(plan)
-            except Exception:  # a bug must not silently stop serving: log and keep looping
-                log.exception("engine loop iteration failed")
-        self._fail_everything("worker stopping")
+                failures = 0
+            except Exception as exc:  # one bad iteration must not stop serving; a deterministic one must
+                failures += 1
+                log.exception("engine loop iteration failed (%d in a row)", failures)
+                if failures >= MAX_CONSECUTIVE_LOOP_FAILURES:
+                    self.fatal_error = f"{failures} engine iterations in a row failed, last: {exc!r}"
+                    log.critical("engine giving up: %s", self.fatal_error)
+                    break
+        self._fail_everything("engine failed" if self.fatal_error else "worker stopping")
+        if self.fatal_error and self._on_fatal is not None:
+            self._on_fatal(self.fatal_error)
 
     def _wait(self) -> None:
         self._wake.wait(0.5)

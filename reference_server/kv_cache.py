@@ -79,11 +79,6 @@ class KVCachePool:
     def dtype(self) -> torch.dtype:
         return self.tensor.dtype
 
-    @staticmethod
-    def blocks_for_bytes(args: KVShape, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
-        """How many blocks of this shape fit in `budget_bytes` (to size a pool from free device memory)."""
-        return budget_bytes // (kv_bytes_per_token(args, dtype) * block_size)
-
 
 class OutOfBlocks(RuntimeError):
     """Not enough free (or evictable) KV blocks; nothing was allocated."""

@@ -14,7 +14,6 @@ keep serving.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import signal
@@ -25,9 +24,10 @@ from dataclasses import dataclass
 
 import click
 
+from reference_server.ready_line import parse_ready_line
+
 log = logging.getLogger("reference_server.launch")
 
-READY_PREFIX = "SPLITSCOPE_WORKER_READY "  # the same as worker.READY_PREFIX (no torch import here)
 STOP_GRACE_S = 10.0
 
 
@@ -134,8 +134,9 @@ async def _await_ready(worker: WorkerProcess) -> dict:
             code = await worker.process.wait()
             raise RuntimeError(f"worker {worker.name} exited with status {code} before it was ready (see its log above)")
         text = line.decode(errors="replace")
-        if text.startswith(READY_PREFIX):
-            return json.loads(text[len(READY_PREFIX):])
+        announcement = parse_ready_line(text)
+        if announcement is not None:
+            return announcement
         sys.stderr.write(f"[{worker.name}] {text}")
 
 

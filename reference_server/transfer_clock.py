@@ -32,10 +32,6 @@ class ClockEstimate:
         """A receiver timestamp placed on the sender's clock."""
         return receiver_wall_ns - self.offset_ns
 
-    def sender_to_receiver_ns(self, sender_wall_ns: int) -> int:
-        """A sender timestamp placed on the receiver's clock."""
-        return sender_wall_ns + self.offset_ns
-
 
 def offset_and_delay_ns(t0_ns: int, t1_ns: int, t2_ns: int, t3_ns: int) -> tuple[int, int]:
     """(offset_ns, delay_ns) of one exchange; see the module docstring."""

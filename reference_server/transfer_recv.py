@@ -20,7 +20,6 @@ from typing import Any
 import torch
 
 from reference_server.transfer_pool import pool_bytes
-from tracer.auth import is_loopback
 from reference_server.transfer_wire import (
     ABORTED,
     PAYLOAD_BATCH_BYTES,
@@ -42,6 +41,7 @@ from reference_server.transfer_wire import (
     token_matches,
     tune_socket,
 )
+from tracer.auth import check_bind_token
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ class KVReceiver:
         self._access = pool_bytes(pool)
         self._layout = self._access.layout
         self._token = token if token is not None else token_from_env()
-        if not is_loopback(host) and self._token is None:
-            raise ValueError(f"binding the KV receiver to {host} needs a shared-secret token: set {TOKEN_ENV_VAR}")
+        check_bind_token("the KV receiver", [host], self._token, TOKEN_ENV_VAR)
         self._allocate_blocks = allocate_blocks
         self._free_blocks = free_blocks
         self._on_complete = on_complete

@@ -74,10 +74,6 @@ class TransferResult:
     def duration_s(self) -> float:
         return (self.end_wall_ns - self.start_wall_ns) / 1e9
 
-    @property
-    def throughput_bytes_per_s(self) -> float:
-        return self.kv_bytes / max(self.duration_s, 1e-9)
-
 
 class _PeerConnections:
     """Idle persistent connections to one receiver, and its latest clock estimate. Thread-safe."""

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from reference_server.engine import (
     EVENT_DONE,
@@ -51,18 +52,16 @@ from reference_server.engine import (
 from reference_server.kv_cache import KVCachePool, kv_bytes_per_token
 from reference_server.model import ModelArgs, build_model
 from reference_server.process_guard import die_with_parent
+from reference_server.ready_line import ready_line
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID, encode
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
-from prometheus_client import CollectorRegistry
-
 from tracer import TraceContext, start_tracing
+from tracer.auth import bearer_ok, check_bind_token
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition
-from tracer.auth import bearer_ok, is_loopback
 
 log = logging.getLogger("reference_server.worker")
 
-READY_PREFIX = "SPLITSCOPE_WORKER_READY "
 ROLES = ("colocated", "chunked", "prefill", "decode")
 MAX_BODY_BYTES = 4 << 20  # a max_seq_len prompt as JSON token ids fits many times over
 MAX_REQUEST_ID_CHARS = 256
@@ -99,8 +98,7 @@ def internal_api_token(host: str) -> str | None:
     open beyond this machine without one.
     """
     token = token_from_env()
-    if token is None and not is_loopback(host):
-        raise ValueError(f"binding the worker to {host} (not loopback) needs a shared-secret token: set {TOKEN_ENV_VAR}")
+    check_bind_token("the worker", [host], token, TOKEN_ENV_VAR)
     return token
 
 
@@ -133,6 +131,7 @@ class Worker:
         self.options = options
         self.loop = loop
         self.pool_name = POOL_OF_ROLE[options.role]
+        self.engine_failed = asyncio.Event()  # set on the loop when the engine thread gives up
         if options.threads > 0:
             torch.set_num_threads(options.threads)
         self.args = ModelArgs.from_name(options.preset)
@@ -167,6 +166,7 @@ class Worker:
             max_waiting_requests=options.max_waiting,
             anchor=getattr(clock, "anchor", None),
             kv_wait_s=options.kv_wait_s,
+            on_fatal=lambda reason: loop.call_soon_threadsafe(self.engine_failed.set),
         )
         self.receiver = None
         self.sender = None
@@ -420,14 +420,23 @@ async def serve_worker(options: WorkerOptions, ready_stream: Any = None) -> None
         "kv_blocks": worker.kv_pool.num_blocks,
     }
     out = ready_stream or sys.stdout
-    out.write(READY_PREFIX + json.dumps(ready) + "\n")
+    out.write(ready_line(ready))
     out.flush()
     log.info("%s (%s) ready at %s", options.name, options.role, ready["url"])
     try:
-        await stop.wait()
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(worker.engine_failed.wait())]
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
     finally:
         await runner.cleanup()
         await worker.close()
+    if worker.engine.fatal_error:
+        raise EngineFailed(worker.engine.fatal_error)
+
+
+class EngineFailed(RuntimeError):
+    """The engine loop gave up (deterministic failures); the worker process exits non-zero."""
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
@@ -459,6 +468,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     try:
         asyncio.run(serve_worker(options))
+    except EngineFailed as exc:
+        print(f"error: worker {options.name}: {exc}", file=sys.stderr)
+        sys.exit(1)
     except Exception as exc:
         log.exception("worker %s failed to start", options.name)
         print(f"error: worker {options.name}: {exc}", file=sys.stderr)

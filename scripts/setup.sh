@@ -30,6 +30,6 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/python -m pip install -q --upgrade pip
   # The exact CPU build first: a bare torch requirement would otherwise pull a multi-GB CUDA build.
   .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[test]"
+  .venv/bin/python -m pip install -q -e ".[all,test]"
   touch "$stamp"
 fi

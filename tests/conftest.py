@@ -41,3 +41,25 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+# Markers for the inner loop (`bash scripts/test.sh -m "not slow and not live"`); the full run is the gate.
+# `slow`: whole servers, engines or soaks, tens of seconds each. `live`: a real Prometheus server.
+SLOW_PATHS = (
+    "tests/e2e/",
+    "tests/faults/",
+    "tests/slow_link/",
+    "tests/engines/",
+    "tests/packaging/",
+    "tests/reference_server/test_demo.py",
+    "tests/report/test_simulator_vs_server.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+        if path.startswith(SLOW_PATHS):
+            item.add_marker(pytest.mark.slow)
+        if hasattr(item.module, "running_prometheus"):
+            item.add_marker(pytest.mark.live)

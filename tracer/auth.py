@@ -21,6 +21,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_bind_token(what: str, hosts: list[str], token: str | None, env_var: str) -> None:
+    """Raise ValueError when `what` would listen beyond loopback on one of `hosts` without a token
+    (`token` None or empty). The one rule, and the one message, of every splitscope listener."""
+    exposed = [h for h in hosts if not is_loopback(h)]
+    if exposed and not token:
+        raise ValueError(f"binding {what} to {', '.join(exposed)} (not loopback) needs a shared secret: set ${env_var}")
+
+
 def token_ok(expected: str, presented: str | None) -> bool:
     """True when no token is required, or `presented` equals it (constant-time compare)."""
     if not expected:

@@ -10,15 +10,16 @@ import importlib
 
 import click
 
-# name -> "module:attribute" of a click command or group.
+# name -> ("module:attribute" of a click command or group, the extra that installs what it needs).
 _SUBCOMMANDS = {
-    "demo": "tracer.report.demo:demo_command",
-    "serve": "reference_server.launch:serve_command",
-    "load": "tracer.load.cli:load_command",
-    "sidecar": "tracer.sidecar.main:sidecar_command",
-    "report": "tracer.report.cli:report_command",
-    "dashboards": "dashboards.cli:dashboards_group",
-    "alerts": "alerts.cli:alerts_group",
+    "demo": ("reference_server.demo:demo_command", "server"),
+    "serve": ("reference_server.launch:serve_command", "server"),
+    "load": ("tracer.load.cli:load_command", "load"),
+    "sidecar": ("tracer.sidecar.main:sidecar_command", "sidecar"),
+    "report": ("tracer.report.cli:report_command", "report"),
+    "dashboards": ("dashboards.cli:dashboards_group", "dashboards"),
+    "alerts": ("alerts.cli:alerts_group", "alerts"),
+    "deploy-files": ("tracer.deploy_files:deploy_files_command", "all"),
 }
 
 
@@ -26,17 +27,34 @@ class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(_SUBCOMMANDS)
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of `--help`; a command whose extra is not installed says which one it needs."""
+        rows = []
+        width = formatter.width - 6 - max(len(name) for name in _SUBCOMMANDS)
+        for name in self.list_commands(ctx):
+            try:
+                command = self.get_command(ctx, name)
+                rows.append((name, command.get_short_help_str(width) if command is not None else ""))
+            except click.ClickException:
+                rows.append((name, f"(not installed: pip install 'splitscope[{_SUBCOMMANDS[name][1]}]')"))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = _SUBCOMMANDS.get(name)
-        if target is None:
+        if name not in _SUBCOMMANDS:
             return None
+        target, extra = _SUBCOMMANDS[name]
         module_name, attribute = target.split(":")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 raise click.ClickException(f"'{name}' is not available in this build") from exc
-            raise
+            # A third-party module is missing: this installation lacks the command's extra.
+            raise click.ClickException(
+                f"'splitscope {name}' needs the '{extra}' extra (missing module {exc.name!r}): "
+                f"pip install 'splitscope[{extra}]'"
+            ) from exc
         return getattr(module, attribute)
 
 

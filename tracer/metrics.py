@@ -25,7 +25,7 @@ from prometheus_client.exposition import choose_encoder, start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
-from tracer.vocabulary import METERED_STAGES, Mode, Pool
+from tracer.vocabulary import METERED_STAGES, DropReason, Mode, Pool
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -121,8 +121,8 @@ class Catalogue:
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
-        for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full"):
-            self.tracer_dropped.labels(reason=reason)
+        for drop_reason in DropReason:
+            self.tracer_dropped.labels(reason=drop_reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
         for reason in REQUEST_ABORT_REASONS:

@@ -14,20 +14,23 @@ sidecar path, which runs no SDK at all.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
-from collections.abc import Callable, Mapping
+from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from tracer.resource import resource_attributes
 from tracer.spans import SpanData
-from tracer.traces import OtlpJsonFileExporter
+from tracer.traces import append_line
 from tracer.vocabulary import (
     ATTR_ERROR_TYPE,
     KIND_CLIENT,
@@ -77,7 +80,7 @@ def to_readable_span(data: SpanData, resource: Resource) -> ReadableSpan:
     )
 
 
-def otlp_exporter_from_env(environ: dict[str, str] | None = None) -> SpanExporter | None:
+def otlp_exporter_from_env(environ: Mapping[str, str] | None = None) -> SpanExporter | None:
     """The OTLP span exporter the OTEL_* variables ask for, or None when no endpoint is set."""
     env = os.environ if environ is None else environ
     endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -175,3 +178,35 @@ def span_processors(traces_file: str | None, environ: Mapping[str, str] | None =
 def make_resource(service_name: str | None = None, attributes: dict[str, Any] | None = None) -> Resource:
     """The SDK resource for `tracer.resource.resource_attributes` (plus the SDK's telemetry.sdk.*)."""
     return Resource.create(resource_attributes(service_name, attributes))
+
+
+def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
+    """One OTLP/JSON line (with its newline) for a batch of finished SDK spans."""
+    request = encode_spans(spans)
+    return (json.dumps(request.to_dict(), separators=(",", ":")) + "\n").encode()
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """SpanExporter that appends each batch as one OTLP/JSON line to `path`.
+
+    Called on the BatchSpanProcessor's worker thread; blocks on file I/O only.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self._path = Path(path)
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            append_line(self._path, encode_line(spans))
+        except OSError:
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True

@@ -1,7 +1,6 @@
 """Off the hot path: drain the ring, resolve timings, build spans, feed metrics.
 
-One daemon thread per process (`Pipeline`) wakes every `interval_s` (or when the ring passes half full),
-drains records, resolves their clock marks (CUDA events by `query()`, never by synchronising; records
+One daemon thread per process (`Pipeline`) wakes every `interval_s`, drains records resolves their clock marks (CUDA events by `query()`, never by synchronising; records
 whose events are not complete wait in a bounded pending list), turns them into `SpanData`, and hands them
 to a sink:
 - `tracer.local_sink.LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and
@@ -19,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tracer import spans as s
@@ -37,6 +36,7 @@ from tracer.records import (
     StepRecord,
 )
 from tracer.timing import SOURCE_HOST, Clock, Interval, perf_counter_ns
+from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def decode_summary(
     return attrs, stalls, gaps_s, stall_times
 
 
-class Summariser:
+class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
     def __init__(self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1) -> None:
@@ -177,7 +177,7 @@ class Pipeline:
     def __init__(
         self,
         ring: RecordRing,
-        summariser: Summariser,
+        span_builder: SpanBuilder,
         sink: Sink,
         interval_s: float = 0.1,
         max_pending: int = 16384,
@@ -185,7 +185,7 @@ class Pipeline:
         pending_gauge: Any | None = None,
     ) -> None:
         self.ring = ring
-        self.summariser = summariser
+        self.span_builder = span_builder
         self.sink = sink
         self.interval_s = interval_s
         self.max_pending = max_pending
@@ -196,12 +196,12 @@ class Pipeline:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.emitted = 0
-        self._convert = {
-            KIND_STAGE: summariser.stage,
-            KIND_STAGE_WALL: summariser.stage,
-            KIND_DECODE: summariser.decode,
-            KIND_STEP: summariser.step,
-            KIND_REQUEST: summariser.request,
+        self._convert: dict[int, Callable[[Any, Interval], s.SpanData]] = {
+            KIND_STAGE: span_builder.stage,
+            KIND_STAGE_WALL: span_builder.stage,
+            KIND_DECODE: span_builder.decode,
+            KIND_STEP: span_builder.step,
+            KIND_REQUEST: span_builder.request,
         }
 
     def start(self) -> Pipeline:
@@ -217,7 +217,10 @@ class Pipeline:
                 log.exception("splitscope pipeline: drain failed")
 
     def drain_once(self, force_host_timing: bool = False) -> int:
-        """Resolve and emit what can be; returns the number of spans emitted. Pipeline thread only."""
+        """Resolve and emit what can be; returns the number of spans the sink took. Pipeline thread only.
+
+        Every record drained either becomes a span the sink took, waits in the pending list, or is counted
+        through `on_drop` (bad_record, pending_full, ring_full, sink_error)."""
         now = perf_counter_ns()
         records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
         self._pending = []
@@ -235,30 +238,38 @@ class Pipeline:
                     log.exception("splitscope pipeline: dropping a malformed record %r", record[:3])
                 bad += 1
         if bad:
-            self._drop("bad_record", bad)
+            self._drop(DropReason.BAD_RECORD, bad)
         if len(self._pending) > self.max_pending:
             overflow = len(self._pending) - self.max_pending
             self._pending = self._pending[overflow:]
-            self._drop("pending_full", overflow)
+            self._drop(DropReason.PENDING_FULL, overflow)
         ring_drops = self.ring.dropped - self._reported_ring_drops
         if ring_drops > 0:
             self._reported_ring_drops += ring_drops
-            self._drop("ring_full", ring_drops)
+            self._drop(DropReason.RING_FULL, ring_drops)
         if self._pending_gauge is not None:
             self._pending_gauge.set(len(self._pending) + len(self.ring))
         # Emit in small slices and yield the GIL between them: a long uninterrupted pass would make the
         # engine thread wait for the interpreter lock each time one of its device/torch calls returns.
+        emitted = 0
         for first in range(0, len(out), EMIT_SLICE):
             if first:
                 time.sleep(0)
-            self.sink.emit(out[first : first + EMIT_SLICE])
-        self.emitted += len(out)
-        return len(out)
+            batch = out[first : first + EMIT_SLICE]
+            try:
+                self.sink.emit(batch)
+            except Exception:  # a failing sink costs its slice, counted, never the rest of the drain
+                log.exception("splitscope pipeline: the sink failed; dropping %d spans", len(batch))
+                self._drop(DropReason.SINK_ERROR, len(batch))
+                continue
+            emitted += len(batch)
+        self.emitted += emitted
+        return emitted
 
     def _interval(self, record: Any, now: int, force_host: bool) -> Interval | None:
         if record.kind == KIND_STAGE_WALL:
             return Interval(record.start, record.end, SOURCE_HOST)
-        clock = self.summariser.clock
+        clock = self.span_builder.clock
         interval = clock.resolve(record.start, record.end, now)
         if interval is None and force_host:  # shutting down: incomplete CUDA events fall back to host marks
             start_ns = clock.to_wall_ns(clock.host_perf_ns(record.start))

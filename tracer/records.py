@@ -96,7 +96,7 @@ class RequestRecord(NamedTuple):
     operation: str  # gen_ai.operation.name: text_completion | chat (the root span's name prefix)
 
 
-RECORD_TYPES = {
+RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view
     KIND_STAGE: StageRecord,
     KIND_STAGE_WALL: StageRecord,
     KIND_DECODE: DecodeRecord,
@@ -106,7 +106,8 @@ RECORD_TYPES = {
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, drops counted exactly.
+    """Bounded multi-producer, single-consumer ring; drop-oldest when full, each drop counted in `dropped`
+    (but for the logged backstop case at the end of this docstring).
 
     Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
     no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest

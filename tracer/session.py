@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracer.api import NoopTracer, RecordingTracer, Tracer
-from tracer.pipeline import Pipeline, Sink, Summariser
+from tracer.pipeline import Pipeline, Sink, SpanBuilder
 from tracer.records import RecordRing
 from tracer.resource import default_service_name, resource_attributes
 from tracer.timing import default_clock
+from tracer.vocabulary import DropReason
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
@@ -111,14 +112,14 @@ def start_tracing(
     if sink is None and sidecar_socket:
         from tracer.sidecar.client import SidecarSink
 
-        sink = SidecarSink(sidecar_socket, on_drop=lambda n: dropped.add("sidecar_unreachable", n), resource=resource)
+        sink = SidecarSink(sidecar_socket, on_drop=lambda n: dropped.add(DropReason.SIDECAR_UNREACHABLE, n), resource=resource)
     if sink is None:
         sink = _local_sink(resource, catalogue, traces_file, processors, dropped)
     clock = default_clock(device)
     ring = RecordRing(ring_capacity)
     pipeline = Pipeline(
         ring,
-        Summariser(clock, pool, worker, step_sample_every),
+        SpanBuilder(clock, pool, worker, step_sample_every),
         sink,
         interval_s=interval_s,
         on_drop=dropped.add,
@@ -136,6 +137,6 @@ def _local_sink(resource: dict[str, Any], catalogue: Catalogue | None, traces_fi
     from tracer.otel import span_processors
 
     if processors is None:
-        processors = span_processors(traces_file, on_drop=lambda n: dropped.add("export_queue_full", n))
+        processors = span_processors(traces_file, on_drop=lambda n: dropped.add(DropReason.EXPORT_QUEUE_FULL, n))
     metrics = MetricsRecorder(catalogue) if catalogue is not None else None
     return LocalSink(Resource.create(resource), processors, metrics)

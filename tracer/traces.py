@@ -4,8 +4,9 @@ This is the format the OpenTelemetry Collector's file exporter writes and its `o
 reads (ids in lowercase hex, 64-bit integers as decimal strings, enums as integers), so `splitscope
 report` reads a collector's output and a collector reads ours.
 
-Writing goes through the OpenTelemetry project's own OTLP JSON encoder; reading is a small, fast walk over
-`orjson.loads` output (the report reads a million spans, and protobuf-object parsing would dominate).
+Writing goes through the OpenTelemetry project's own OTLP JSON encoder (`tracer.otel.encode_line`, on the
+SDK side); reading, here, is a small, fast walk over `orjson.loads` output (the report reads a million
+spans, and protobuf-object parsing would dominate) and needs no OpenTelemetry package.
 
 Several processes may append to one file: each batch is one line written with a single `write` on a file
 opened with O_APPEND under an advisory `flock`, so lines never interleave.
@@ -14,18 +15,13 @@ opened with O_APPEND under an advisory `flock`, so lines never interleave.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
-
-import orjson
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+import orjson
+
 
 # OTLP span kinds (trace.proto Span.SpanKind).
 SPAN_KIND_INTERNAL = 1
@@ -79,12 +75,6 @@ class Span:
 # --------------------------------------------------------------------------------------------- writing
 
 
-def encode_line(spans: Sequence[ReadableSpan]) -> bytes:
-    """One OTLP/JSON line (with its newline) for a batch of finished SDK spans."""
-    request = encode_spans(spans)
-    return (json.dumps(request.to_dict(), separators=(",", ":")) + "\n").encode()
-
-
 def append_line(path: str | os.PathLike[str], line: bytes) -> None:
     """Append one whole line; safe against concurrent appends from other processes. Blocks on disk I/O."""
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -96,32 +86,6 @@ def append_line(path: str | os.PathLike[str], line: bytes) -> None:
             view = view[written:]
     finally:
         os.close(fd)  # closing releases the lock
-
-
-class OtlpJsonFileExporter(SpanExporter):
-    """SpanExporter that appends each batch as one OTLP/JSON line to `path`.
-
-    Called on the BatchSpanProcessor's worker thread; blocks on file I/O only.
-    """
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self._path = Path(path)
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        if not spans:
-            return SpanExportResult.SUCCESS
-        try:
-            append_line(self._path, encode_line(spans))
-        except OSError:
-            return SpanExportResult.FAILURE
-        return SpanExportResult.SUCCESS
-
-    def shutdown(self) -> None:
-        pass
-
-    def force_flush(self, timeout_millis: int = 30_000) -> bool:
-        return True
 
 
 # --------------------------------------------------------------------------------------------- reading

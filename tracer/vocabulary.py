@@ -55,6 +55,17 @@ class Verdict(StrEnum):
     INSUFFICIENT_DATA = "insufficient-data"
 
 
+class DropReason(StrEnum):
+    """The `reason` label of `splitscope_tracer_dropped_records_total`: where the tracer lost records."""
+
+    RING_FULL = "ring_full"  # the engine outran the pipeline; the ring dropped its oldest records
+    PENDING_FULL = "pending_full"  # too many records waited for their CUDA events
+    BAD_RECORD = "bad_record"  # a record the pipeline could not turn into a span
+    SINK_ERROR = "sink_error"  # the sink (exporter, sidecar client) raised on a batch
+    SIDECAR_UNREACHABLE = "sidecar_unreachable"  # the sidecar client's buffer overflowed or a send failed
+    EXPORT_QUEUE_FULL = "export_queue_full"  # an OpenTelemetry batch processor's queue was full
+
+
 # ---------------------------------------------------------------------------------------- span names
 
 ROOT_SPAN_PREFIX = "text_completion"  # the router's root span: "text_completion {model}"
@@ -72,7 +83,7 @@ SPAN_DECODE = "splitscope.decode"
 SPAN_STEP = "splitscope.step"
 EVENT_DECODE_STALL = "splitscope.decode.stall"
 
-STAGE_SPAN_NAMES = {
+STAGE_SPAN_NAMES: dict[str, str] = {
     Stage.QUEUE: SPAN_QUEUE,
     Stage.PREFILL: SPAN_PREFILL,
     Stage.KV_TRANSFER: SPAN_KV_TRANSFER,

@@ -40,6 +40,7 @@ from reference_server.transfer_wire import (
     sendmsg_all,
     trailer_message,
 )
+from tests.conftest import wait_for
 
 LAYERS, KV_HEADS, HEAD_DIM = 2, 2, 8
 POOL_BLOCKS = 64
@@ -56,16 +57,6 @@ def make_pool(block_tokens: int = 16, dtype: torch.dtype = torch.float32, fill: 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    """Poll a condition until it holds or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class BlockAllocator:
@@ -296,7 +287,7 @@ def test_connection_closed_by_idle_receiver_is_replaced(receivers, senders) -> N
     side = receivers(make_pool(fill=0.0), idle_timeout_s=0.05)
     sender = senders(streams=1)
     sender.send("first", src_pool, [1], side.address)
-    assert wait_for(lambda: side.receiver.open_connections == 0), "receiver kept an idle connection"
+    wait_for(lambda: side.receiver.open_connections == 0, WAIT_S, "the receiver to close its idle connection")
     sender.send("second", src_pool, [2], side.address)
     dst_ids, _, _ = side.outcomes.wait_completed("second")
     assert same_bits(side.pool[dst_ids[0]], src_pool[2])

@@ -11,7 +11,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from tracer.report.load import load_traces
 from tracer.report.synthetic import request_line, span_dict
-from tracer.traces import SPAN_KIND_INTERNAL, encode_line, iter_spans
+from tracer.otel import encode_line
+from tracer.traces import SPAN_KIND_INTERNAL, iter_spans
 
 TRACE_ID, SPAN_ID, PARENT_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, 0x1111111111111111
 ATTRIBUTES = {"splitscope.pool": "decode", "splitscope.decode.itl_p99_s": 0.031, "gen_ai.usage.output_tokens": 17, "ok": True}

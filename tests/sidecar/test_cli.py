@@ -31,7 +31,7 @@ def test_bad_scrape_target_and_exposed_bind_fail_with_one_line():
     assert result.exit_code == 2 and "expected ENGINE=URL" in result.output
     env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     result = runner.invoke(main, ["sidecar", "--host", "0.0.0.0", "--no-gpu"], env={**env, TOKEN_ENV: ""})
-    assert result.exit_code == 1 and f"needs a shared secret in ${TOKEN_ENV}" in result.output
+    assert result.exit_code == 1 and f"needs a shared secret: set ${TOKEN_ENV}" in result.output
 
 
 def _health(port: int) -> bool:

@@ -28,12 +28,12 @@ import aiohttp
 from aiohttp import web
 
 from reference_server.launch import (
-    READY_PREFIX,
     ServeConfig,
     WorkerProcess,
     stop_workers,
     worker_command,
 )
+from reference_server.ready_line import parse_ready_line
 from reference_server.router import Endpoint, Router
 from reference_server.transfer import TOKEN_ENV_VAR
 from tests.slow_link.netns import Side, VethLink
@@ -64,9 +64,10 @@ async def _ready(worker: WorkerProcess) -> dict[str, Any]:
     assert stdout is not None
     while line := await stdout.readline():
         text = line.decode(errors="replace")
-        if text.startswith(READY_PREFIX):
+        announcement = parse_ready_line(text)
+        if announcement is not None:
             asyncio.create_task(_drain(stdout, worker.name))
-            return json.loads(text[len(READY_PREFIX) :])
+            return announcement
         sys.stderr.write(f"[{worker.name}] {text}")
     raise RuntimeError(f"worker {worker.name} exited with {await worker.process.wait()} before it was ready")
 

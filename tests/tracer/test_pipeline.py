@@ -325,3 +325,37 @@ def test_a_batch_is_metered_exactly_as_its_spans_one_by_one():
     assert _exposition_without_timestamps(batched.catalogue.registry) == expected
     assert any(line.startswith('splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="true"} 14') for line in expected)
     assert any(line.startswith('splitscope_inter_token_latency_seconds_count{pool="colocated"} 40') for line in expected)
+
+
+class _FlakySink:
+    """A sink that raises on every other batch it is handed, and keeps what it took."""
+
+    def __init__(self):
+        self.calls = 0
+        self.taken = []
+
+    def emit(self, batch):
+        self.calls += 1
+        if self.calls % 2 == 0:
+            raise RuntimeError("exporter bug")
+        self.taken.extend(batch)
+
+    def shutdown(self, timeout_s):
+        pass
+
+
+def test_a_raising_sink_loses_only_its_slice_and_counts_it_as_sink_error():
+    from tracer.pipeline import EMIT_SLICE
+
+    sink = _FlakySink()
+    session = start_tracing("colocated", "w0", sink=sink, registry=CollectorRegistry(), interval_s=3600)
+    records = 5 * EMIT_SLICE + 7  # six slices: the 2nd, 4th and 6th raise
+    for i in range(records):
+        session.tracer.step(i * 1000, i * 1000 + 500, 1, 0, 10)
+    session.pipeline.drain_once()
+    lost = records - len(sink.taken)
+    assert lost == 2 * EMIT_SLICE + 7
+    assert session.dropped_records.by_reason() == {"sink_error": lost}
+    dropped = session.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sink_error"})
+    assert dropped == lost
+    session.shutdown(1.0)

@@ -12,15 +12,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tracer.traces import (
-    SPAN_KIND_SERVER,
-    STATUS_ERROR,
-    OtlpJsonFileExporter,
-    ReadStats,
-    TraceFileError,
-    encode_line,
-    iter_spans,
-)
+from tracer.otel import OtlpJsonFileExporter, encode_line
+from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, TraceFileError, iter_spans
 
 
 def _finished_spans():

@@ -11,7 +11,7 @@
     vllm.py          vLLM `llm_request` span -> our stage spans
     engine_metrics.py  mapping tables: vLLM / SGLang / Dynamo metric families -> our catalogue
     scrape.py        a prometheus_client Collector that scrapes an engine and re-yields our names
-    fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.traces.encode_line
+    fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.otel.encode_line
     export.py        the export thread: adapters, metrics, file and OTLP export
     server.py        wires all of the above into one running sidecar
     main.py          `splitscope sidecar`

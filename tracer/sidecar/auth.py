@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tracer.auth import bearer_ok, is_loopback, token_ok
+from tracer.auth import bearer_ok, check_bind_token, is_loopback, token_ok
 
 __all__ = ["TOKEN_ENV", "bearer_ok", "is_loopback", "token_for", "token_ok"]
 
@@ -20,7 +20,5 @@ TOKEN_ENV = "SPLITSCOPE_SIDECAR_TOKEN"
 def token_for(hosts: list[str], environ: dict[str, str] | None = None) -> str:
     """The token to require ("" for none). Raises ValueError when a non-loopback bind has no token."""
     token = (os.environ if environ is None else environ).get(TOKEN_ENV, "")
-    exposed = [h for h in hosts if not is_loopback(h)]
-    if exposed and not token:
-        raise ValueError(f"binding {', '.join(exposed)} (not loopback) needs a shared secret in ${TOKEN_ENV}")
+    check_bind_token("the sidecar", hosts, token, TOKEN_ENV)
     return token

@@ -116,8 +116,10 @@ class SidecarSink:
                     continue
                 frame, n = self._frames.popleft()
                 self._buffered_spans -= n
+            sock = self._sock
+            assert sock is not None  # connected above; only this thread closes it
             try:
-                self._sock.sendall(frame)
+                sock.sendall(frame)
                 self.sent_spans += n
             except OSError as exc:
                 self.last_error = f"send failed: {exc}"

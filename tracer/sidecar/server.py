@@ -33,6 +33,7 @@ from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
 from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import VllmAdapter
+from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class Sidecar:
         self.exposed_registry = merged_registry(self.registry, self.scrapers)
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
-            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop("export_queue_full", n)),
+            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n)),
             vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines, on_error=self._count_drop,
