@@ -14,9 +14,10 @@ worker is exact and needs no polling):
   KV receiver address. The first token reaches the client from the decode worker, after the transfer,
   so time to first token includes the exposed transfer (DESIGN 7).
 
-Tracing: the root span `text_completion {model}` or `chat {model}` (SERVER; its parent is the client's `traceparent` when
-it sent one) is recorded when the request ends, with the first-token mark and the inter-token gaps the
-client saw; the workers get `traceparent` = the root span, so every stage span is its child.
+Tracing: the root span `text_completion {model}` or `chat {model}` (SERVER; its parent is the client's
+`traceparent` when it sent one) is recorded when the request ends, with the first-token mark and the
+inter-token gaps the client saw; the workers get `traceparent` = the root span, so every stage span is
+its child.
 
 Failures: a worker that answers with an error, breaks its stream or dies fails that request only:
 before the first token the client gets a JSON error with the status (500, or 503 with Retry-After when
@@ -363,7 +364,8 @@ class Router:
                     held_ids.append(event[1])
                     text = text_stream.push((event[1],))
                     if text_stream.stopped:
-                        await response.write(self._tail(params, shape, request_id, created_s, text, "stop", held_ids, first, outcome, 0))
+                        tail = self._tail(params, shape, request_id, created_s, text, "stop", held_ids, first, outcome, 0)
+                        await response.write(tail)
                         break
                     if text:
                         await response.write(shape.chunk_event(request_id, created_s, model, text, None,

@@ -467,9 +467,8 @@ class Scheduler:
 
     def _finish_if_done(self, seq: Sequence) -> bool:
         output = seq.output_token_ids
-        if output[-1] in seq.request.stop_token_ids:
-            self._end(seq, "stop")
-        elif seq.request.stop_sequences and _ends_with_any(output, seq.request.stop_sequences):
+        stop_sequences = seq.request.stop_sequences
+        if output[-1] in seq.request.stop_token_ids or (stop_sequences and _ends_with_any(output, stop_sequences)):
             self._end(seq, "stop")
         elif len(seq.output_token_ids) >= seq.request.max_new_tokens:
             self._end(seq, "length")

@@ -103,7 +103,7 @@ def test_completion_with_stop_ends_before_the_stop_string(client, stream):
     prompt = "Once upon a time"
     full = decode(reference_tokens(prompt, 60))
     stop, at = _stop_for(full)
-    kwargs = dict(model="tiny", prompt=prompt, max_tokens=60, stop=["never-there", stop], extra_body=NO_EOS)
+    kwargs = {"model": "tiny", "prompt": prompt, "max_tokens": 60, "stop": ["never-there", stop], "extra_body": NO_EOS}
     if stream:
         chunks = list(client.completions.create(stream=True, **kwargs))
         text = "".join(c.choices[0].text for c in chunks)
