@@ -84,6 +84,16 @@ class Tracked:
     token_prefill_tokens: array = field(default_factory=lambda: array("i"))
 
 
+@dataclass
+class _Arrived:
+    """Decode role: a request whose prompt KV arrived (its blocks held) and that waits to be scheduled."""
+
+    tracked: Tracked
+    block_ids: list[int]
+    first_token: int
+    deadline_s: float  # time.monotonic() after which it is refused (503) if the cache is still short
+
+
 class Engine:
     """One worker's model, KV cache and scheduler, driven by `run()` on a dedicated thread.
 
@@ -144,6 +154,7 @@ class Engine:
         self._stop = threading.Event()
         self._tracked: dict[str, Tracked] = {}
         self._expected: dict[str, Tracked] = {}  # decode workers: waiting for their KV to arrive
+        self._parked: deque[_Arrived] = deque()  # decode workers: KV arrived, waiting for room to grow into
         self._thread: threading.Thread | None = None
         self.steps_total = 0
         self._on_fatal = on_fatal
@@ -173,7 +184,8 @@ class Engine:
 
     def _admit_check(self) -> None:
         # An approximate bound (read without a lock): the scheduler's own bound is exact.
-        if len(self._inbox) + self.scheduler.num_waiting + len(self._expected) >= self.max_waiting_requests:
+        waiting = len(self._inbox) + self.scheduler.num_waiting + len(self._expected) + len(self._parked)
+        if waiting >= self.max_waiting_requests:
             raise QueueFull(f"worker queue is full ({self.max_waiting_requests} requests waiting)")
 
     def submit(
@@ -242,7 +254,7 @@ class Engine:
     def load(self) -> dict[str, Any]:
         """A snapshot for /health (reads without a lock: values may be one iteration stale)."""
         return {
-            "waiting": self.scheduler.num_waiting + len(self._expected),
+            "waiting": self.scheduler.num_waiting + len(self._expected) + len(self._parked),
             "running": self.scheduler.num_running,
             "kv_cache_usage": round(self.allocator.usage_ratio(), 4),
             "steps": self.steps_total,
@@ -269,6 +281,8 @@ class Engine:
         while not self._stop.is_set():
             try:
                 self._drain_inbox()
+                if self._parked:
+                    self._admit_parked()
                 if not self.scheduler.has_work:
                     self._set_gauges()
                     self._wait()
@@ -333,26 +347,49 @@ class Engine:
             self.free_blocks(block_ids)
             self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", "transfer metadata does not match the request"))
             return
-        table = BlockTable(self.allocator.block_size, list(block_ids), 0)
+        tracked.remote_cached_tokens = int(meta.get("cached_tokens") or 0)
+        arrived = _Arrived(tracked, list(block_ids), first_token, time.monotonic() + self.kv_wait_s)
+        if self._parked or not self._admit_arrived(arrived):  # first come, first served
+            self._parked.append(arrived)
+
+    def _admit_arrived(self, arrived: _Arrived) -> bool:
+        """Decode role: give an arrived prompt's KV to the scheduler, which grows it to the request's whole
+        length. False while the cache is short of those blocks and its wait (`kv_wait_s`) is not over: it
+        stays parked, holding its prompt's blocks. True once admitted, or answered with an error."""
+        tracked = arrived.tracked
+        request = tracked.request
+        table = BlockTable(self.allocator.block_size, list(arrived.block_ids), 0)
         try:
             with self.allocator_lock:
-                seq = self.scheduler.add_prefilled(request, table, first_token)
-        except (RequestRejected, QueueFull, OutOfBlocks) as exc:
-            self.free_blocks(block_ids)
-            status = 503 if isinstance(exc, (QueueFull, OutOfBlocks)) else 400
+                seq = self.scheduler.add_prefilled(request, table, arrived.first_token)
+        except OutOfBlocks as exc:
+            if time.monotonic() < arrived.deadline_s:
+                return False
+            self.free_blocks(arrived.block_ids)
+            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", f"KV cache is full on this decode worker: {exc}"))
+            return True
+        except (RequestRejected, QueueFull) as exc:
+            self.free_blocks(arrived.block_ids)
+            status = 503 if isinstance(exc, QueueFull) else 400
             self._send_now(tracked.sink, (EVENT_ERROR, status, "overloaded" if status == 503 else "invalid_request_error", str(exc)))
-            return
+            return True
         tracked.seq = seq
-        tracked.remote_cached_tokens = int(meta.get("cached_tokens") or 0)
         tracked.decode_start = self.tracer.mark()
         tracked.token_perf_ns.append(perf_counter_ns())
         tracked.token_prefill_tokens.append(0)
-        events: list[tuple[Sink, tuple]] = [(tracked.sink, (EVENT_TOKEN, first_token))]
+        events: list[tuple[Sink, tuple]] = [(tracked.sink, (EVENT_TOKEN, arrived.first_token))]
         if seq.is_finished:
             self._finish(tracked, events)
         else:
-            self._tracked[request_id] = tracked
+            self._tracked[request.request_id] = tracked
         self.deliver(events)
+        return True
+
+    def _admit_parked(self) -> None:
+        """Engine thread, every iteration: admit parked arrivals in order while they fit (or time out)."""
+        parked = self._parked
+        while parked and self._admit_arrived(parked[0]):
+            parked.popleft()
 
     def _on_kv_failed(self, request_id: str, reason: str) -> None:
         tracked = self._expected.pop(request_id, None)
@@ -365,6 +402,11 @@ class Engine:
 
     def _on_abort(self, request_id: str, reason: str) -> None:
         self._expected.pop(request_id, None)
+        for arrived in self._parked:
+            if arrived.tracked.request.request_id == request_id:  # parked for room: give its blocks back now
+                self._parked.remove(arrived)
+                self.free_blocks(arrived.block_ids)
+                return
         tracked = self._tracked.get(request_id)
         if tracked is None or tracked.seq is None or tracked.seq.state is SeqState.HANDED_OFF:
             return  # a handed-off prompt's blocks are read by its transfer until finish_handoff()
@@ -505,12 +547,17 @@ class Engine:
         metrics = self.metrics
         if metrics is None:
             return
-        metrics.requests_waiting.set(self.scheduler.num_waiting + len(self._expected))
+        metrics.requests_waiting.set(self.scheduler.num_waiting + len(self._expected) + len(self._parked))
         metrics.requests_running.set(self.scheduler.num_running)
         metrics.kv_cache_usage.set(self.allocator.usage_ratio())
 
     def _fail_everything(self, message: str) -> None:
-        events = [(t.sink, (EVENT_ERROR, 503, "unavailable", message)) for t in (*self._tracked.values(), *self._expected.values())]
+        parked = [arrived.tracked for arrived in self._parked]
+        for arrived in self._parked:
+            self.free_blocks(arrived.block_ids)
+        self._parked.clear()
+        events = [(t.sink, (EVENT_ERROR, 503, "unavailable", message))
+                  for t in (*self._tracked.values(), *self._expected.values(), *parked)]  # fmt: skip
         self._tracked.clear()
         self._expected.clear()
         if events:

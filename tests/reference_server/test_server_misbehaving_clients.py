@@ -149,3 +149,24 @@ def test_kv_exhaustion_answers_503_with_retry_after_never_500(tmp_path):
         assert "Traceback" not in server.log_file.read_text(errors="replace")
     finally:
         server.close()
+
+
+def test_requests_beyond_kv_capacity_wait_for_room_within_the_bound_and_complete(tmp_path):
+    # The same cache (two requests' worth) with a long wait for room: a burst of eight queues -- arrived
+    # prompts wait, holding their KV, until they can grow to their whole length -- and every one completes.
+    server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "40", "--kv-wait-s", "60")
+    try:
+        def one(i: int) -> tuple[int, bytes]:
+            # A one-block prompt always finds room to arrive; growing to 17 blocks for 250 tokens does not.
+            status, raw, _ = server.complete({"prompt": f"patient {i:02d} ", "max_tokens": 250, "ignore_eos": True},
+                                             timeout_s=120)  # fmt: skip
+            return status, raw
+
+        with ThreadPoolExecutor(8) as pool:
+            results = list(pool.map(one, range(8)))
+        assert [status for status, _ in results] == [200] * 8, results
+        assert all(json.loads(raw)["usage"]["completion_tokens"] == 250 for _, raw in results)
+        samples = _samples(server)
+        assert sum(v for (name, _), v in samples.items() if name == "splitscope_kv_transfer_failures_total") == 0
+    finally:
+        server.close()
