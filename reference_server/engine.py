@@ -19,6 +19,12 @@ once it is resolved, so every span start/end takes its own mark.
 Blocks are touched by the engine thread and, on a decode worker, by the KV receiver's threads (it
 allocates destination blocks as a transfer starts): `allocator_lock` serialises the two; the engine holds
 it only around scheduler calls, never around the forward.
+
+Capacity on a decode worker is waited for, within a bound (`kv_wait_s`), never failed with a 500: a
+transfer short of destination blocks waits in `allocate_blocks` (the receiver's thread) for blocks to come
+back, and an arrived prompt short of the blocks to grow to its whole length is parked, first come first
+served, holding its KV. Past the bound the request gets a 503 (the client retries). A request aborted by
+its client leaves wherever it is -- queued, parked, running -- and its blocks go back at once.
 """
 
 from __future__ import annotations
