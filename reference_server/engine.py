@@ -472,7 +472,8 @@ class Engine:
                 self._room.notify_all()
         self.steps_total += 1
         prefill_tokens = plan.prefill_tokens
-        tracer.step(step_start, step_end, plan.num_decode_requests, prefill_tokens, plan.context_tokens)
+        tracer.step(step_start, step_end, plan.num_decode_requests, prefill_tokens, plan.context_tokens,
+                    plan.prefill_attention_tokens2)
 
         events: list[tuple[Sink, tuple]] = []
         for seq, token_id in outcome.emitted:

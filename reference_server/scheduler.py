@@ -157,6 +157,11 @@ class StepPlan:
         return self.num_decode_requests + self.prefill_tokens
 
     @property
+    def prefill_attention_tokens2(self) -> int:
+        """Each chunk's attention over its prompt so far, tokens^2: (end^2 - start^2) summed over chunks."""
+        return sum(chunk.end * chunk.end - chunk.start * chunk.start for chunk in self.prefills)
+
+    @property
     def context_tokens(self) -> int:
         """KV tokens attended over in this step, new ones included (the step record's context size)."""
         return sum(d.position + 1 for d in self.decodes) + sum(chunk.end for chunk in self.prefills)

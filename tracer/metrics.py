@@ -51,13 +51,30 @@ KV_TRANSFER_FAILURE_REASONS = (
 ABORT_CLIENT_DISCONNECTED = "client_disconnected"  # the client closed its connection mid-request
 REQUEST_ABORT_REASONS = (ABORT_CLIENT_DISCONNECTED,)
 MODES = tuple(Mode)
+# Tokens one engine step processed (prefill and decode together): 1 .. 16k, doubling.
+STEP_TOKEN_BUCKETS = tuple(float(2**i) for i in range(15))
+
+# Families the sidecar writes about its engine scrapes (not in a worker's process): one series per engine.
+ENGINE_SCRAPE_UP = "splitscope_engine_scrape_up"
+ENGINE_SCRAPE_DURATION = "splitscope_engine_scrape_duration_seconds"
+# Families only an engine scrape feeds today (vLLM's iteration_tokens_total, num_preemptions,
+# request_success): declared here so their names and labels are defined once.
+STEP_TOKENS = "splitscope_step_tokens"
+PREEMPTIONS = "splitscope_preemptions"
+REQUESTS_FINISHED = "splitscope_requests_finished"
 
 
 class Catalogue:
-    """Every splitscope metric family, registered in `registry` (one per process or per test)."""
+    """Every splitscope metric family, registered in `registry` (one per process or per test).
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    `worker_gauges=False` (the sidecar): `bind` gives each worker detached gauge children, never exposed,
+    because a process that only sees spans never measures queue depth or KV cache use, and a gauge at 0
+    would read as measured.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, worker_gauges: bool = True) -> None:
         self.registry = registry
+        self.worker_gauges = worker_gauges
         r = registry
         self.ttft = Histogram(
             "gen_ai_server_time_to_first_token_seconds", "Time to first token, as the server sent it",
@@ -119,6 +136,14 @@ class Catalogue:
             ["reason"], registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
+        self.step_tokens = Histogram(
+            STEP_TOKENS, "Tokens one engine step processed, prefill and decode together",
+            ["pool"], buckets=STEP_TOKEN_BUCKETS, registry=r)
+        self.preemptions = Counter(
+            PREEMPTIONS, "Requests preempted (their KV freed, to be recomputed)", ["pool"], registry=r)
+        self.requests_finished = Counter(
+            REQUESTS_FINISHED, "Finished requests by finish reason (stop, length, abort, error)",
+            ["pool", "reason"], registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
         for drop_reason in DropReason:
@@ -132,6 +157,13 @@ class Catalogue:
         """The label children of one worker, created once."""
         if pool not in POOLS:
             raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+        if self.worker_gauges:
+            waiting, running, kv_cache = (
+                g.labels(pool=pool, worker=worker)
+                for g in (self.requests_waiting, self.requests_running, self.kv_cache_usage)
+            )
+        else:  # registered nowhere: settable, never exposed
+            waiting, running, kv_cache = (Gauge(f"detached_{i}", "not exposed", registry=None) for i in range(3))
         return WorkerMetrics(
             stage={s: self.stage_duration.labels(stage=s, pool=pool) for s in METERED_STAGES},
             inter_token_latency=self.inter_token_latency.labels(pool=pool),
@@ -139,10 +171,10 @@ class Catalogue:
             step_without_prefill=self.step_duration.labels(pool=pool, prefill_in_step="false"),
             prefill_tokens=self.tokens.labels(pool=pool, phase="prefill"),
             decode_tokens=self.tokens.labels(pool=pool, phase="decode"),
-            requests_waiting=self.requests_waiting.labels(pool=pool, worker=worker),
-            requests_running=self.requests_running.labels(pool=pool, worker=worker),
+            requests_waiting=waiting,
+            requests_running=running,
             busy_seconds=self.worker_busy.labels(pool=pool, worker=worker),
-            kv_cache_usage=self.kv_cache_usage.labels(pool=pool, worker=worker),
+            kv_cache_usage=kv_cache,
             prefix_queried_tokens=self.prefix_queried.labels(pool=pool),
             prefix_hit_tokens=self.prefix_hit.labels(pool=pool),
         )

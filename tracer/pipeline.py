@@ -135,7 +135,7 @@ class SpanBuilder:
             self._step_trace_id = s.new_trace_id()
             self._step_trace_started_ns = interval.start_wall_ns
         self._steps_seen += 1
-        return s.SpanData(
+        span = s.SpanData(
             name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=self._step_trace_id, span_id=s.new_span_id(),
             parent_span_id=0, start_ns=interval.start_wall_ns, end_ns=interval.end_wall_ns,
             attributes={
@@ -146,6 +146,9 @@ class SpanBuilder:
             },
             sampled=(self._steps_seen - 1) % self.step_sample_every == 0,
         )  # fmt: skip
+        if record.prefill_attention_tokens2 >= 0:
+            span.attributes[s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2] = record.prefill_attention_tokens2
+        return span
 
     def request(self, record: RequestRecord, interval: Interval) -> s.SpanData:
         gaps = sorted(record.token_gap_s) if record.token_gap_s is not None else []

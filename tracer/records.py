@@ -71,6 +71,7 @@ class StepRecord(NamedTuple):
     decode_requests: int
     prefill_tokens: int
     context_tokens: int
+    prefill_attention_tokens2: int  # tokens^2 of the chunks' attention over their prompts; -1: not recorded
 
 
 class RequestRecord(NamedTuple):

@@ -107,6 +107,9 @@ ATTR_ITL_MEAN_S = "splitscope.itl_mean_s"
 ATTR_POOL = "splitscope.pool"
 ATTR_WORKER = "splitscope.worker"
 ATTR_TIMING_SOURCE = "splitscope.timing.source"
+# On the first stage span the sidecar adapts from an engine's request span: seconds from the request's
+# arrival at the engine's front end until its scheduler queued it (tokenisation, IPC), outside every stage.
+ATTR_FRONTEND_S = "splitscope.frontend_s"
 ATTR_PREFILL_TOKENS = "splitscope.prefill.tokens"
 ATTR_PREFILL_CACHED_TOKENS = "splitscope.prefill.cached_tokens"
 ATTR_PREFILL_CHUNKS = "splitscope.prefill.chunks"
@@ -124,6 +127,10 @@ ATTR_DECODE_STALLS = "splitscope.decode.stalls"
 ATTR_STEP_DECODE_REQUESTS = "splitscope.step.decode_requests"
 ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
 ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"
+# Attention work of the step's prefill chunks, tokens^2: each chunk of n tokens at offset c in its prompt
+# counts (c + n)^2 - c^2 (a whole prompt of L tokens counts L^2), so a prompt's chunks add up to its
+# whole prefill's quadratic term. Optional: without it the report takes prefill_tokens^2.
+ATTR_STEP_PREFILL_ATTENTION_TOKENS2 = "splitscope.step.prefill_attention_tokens2"
 ATTR_ERROR_TYPE = "error.type"
 
 # Resource attributes (OpenTelemetry semantic conventions).

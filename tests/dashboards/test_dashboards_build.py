@@ -46,7 +46,7 @@ def test_rendering_twice_gives_the_same_bytes() -> None:
 
 def test_sdk_version_is_the_pinned_one() -> None:
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("grafana-foundation-sdk")]
+    pins = [d for d in pyproject["project"]["optional-dependencies"]["dashboards"] if d.startswith("grafana-foundation-sdk")]
     assert pins == [f"grafana-foundation-sdk=={metadata.version('grafana-foundation-sdk')}"]
 
 

@@ -96,11 +96,15 @@ def test_chunked_runs_decodes_first_then_prefill_chunks_up_to_the_budget() -> No
     scheduler.add(request("short", 10, first_token=400))
 
     chunks = []
+    attention = []
     while scheduler.get("long").state is not SeqState.DECODING:
         plan, _ = run_step(scheduler)
         assert [d.seq.seq_id for d in plan.decodes] == ["d0", "d1", "d2"]
         assert plan.num_tokens <= 32
         chunks.append([(c.seq.seq_id, c.start, c.end) for c in plan.prefills])
+        attention.append(plan.prefill_attention_tokens2)
+    # The step attribute: each chunk attends over its prompt so far; "long"'s chunks add up to 100^2.
+    assert attention == [29**2, 58**2 - 29**2, 87**2 - 58**2, 100**2 - 87**2 + 10**2]
     assert chunks == [
         [("long", 0, 29)],
         [("long", 29, 58)],

@@ -17,6 +17,7 @@ def quick_options(sc: Scenario, **overrides) -> ReportOptions:
     """Report options sized for tests: short simulations, otherwise the defaults the CLI uses."""
     values = dict(
         slo=SLO(sc.slo_ttft_s, sc.slo_itl_s), link_gbps=sc.link_gbps, sim_requests=100, sim_max_requests=5000, sim_duration_s=20.0,
+        confidence_resamples=0,  # the bootstrap has its own tests (test_confidence.py)
     )
     values.update(overrides)
     return ReportOptions(**values)
@@ -35,5 +36,44 @@ def scenario_traces(tmp_path_factory):
             truth = write_traces(path, sc.layout, sc.workload, sc.costs, noise_sigma=0.05, seed=7)
             cache[name] = (sc, path, truth)
         return cache[name]
+
+    return get
+
+
+def oracle_options(seen, **overrides) -> ReportOptions:
+    """Report options for an oracle case: what its operator knows, short simulations, no bootstrap."""
+    case = seen.case
+    values = dict(
+        slo=SLO(case.slo.ttft_s, case.slo.itl_s, case.slo.itl_stat, case.slo.attainment),
+        # What an operator knows about the hardware: the link and the model's KV size.
+        link_gbps=case.physics.link_bytes_per_s * 8 / 1e9, kv_bytes_per_token=case.physics.kv_bytes_per_token,
+        margin=0.15, sim_requests=100, sim_max_requests=1000, sim_duration_s=10.0, confidence_resamples=0,
+    )
+    values.update(overrides)
+    return ReportOptions(**values)
+
+
+@pytest.fixture(scope="session")
+def oracle_traces(tmp_path_factory):
+    """(case name, seed, margin) -> (Observed, full trace path, vLLM-shaped trace path or None): the
+    independent oracle's truth and traces (tests/oracle), computed once per session."""
+    from tests.oracle.observe import observe
+    from tests.oracle.through_sidecar import write_via_sidecars
+    from tests.oracle.traces import write_full
+
+    cache: dict[tuple, tuple] = {}
+    folder = Path(tmp_path_factory.mktemp("oracle"))
+
+    def get(name: str, seed: int, margin: float):
+        if (name, seed, margin) not in cache:
+            seen = observe(name, seed, margin)
+            full = folder / f"{name}-{seed}.jsonl"
+            write_full(full, seen.run, seed)
+            vllm_shaped = None
+            if seen.case.current.kind != "split":  # stock vLLM here: one colocated engine per sidecar
+                vllm_shaped = folder / f"{name}-{seed}-vllm.jsonl"
+                write_via_sidecars(vllm_shaped, seen.run, seed)
+            cache[(name, seed, margin)] = (seen, full, vllm_shaped)
+        return cache[(name, seed, margin)]
 
     return get

@@ -29,6 +29,31 @@ def test_chunked_prefill_splits_the_prompt_by_the_budget():
     assert result.ttft_s[0] == pytest.approx(4 * 0.01 + 1000 * 1e-4)
 
 
+QUADRATIC = StepCosts(base_s=0.01, context_s_per_token=0.0, decode_s_per_request=0.0, prefill_s_per_token=1e-4,
+                      prefill_s_per_token2=1e-7)
+
+
+def test_a_prompts_chunks_add_up_to_its_whole_prefill_and_late_chunks_cost_more():
+    costs = Costs(QUADRATIC, COSTS.transfer)
+    whole = simulate(Layout("colocated", workers=1), _one(1000, 2), costs)
+    chunked = simulate(Layout("chunked", workers=1, chunk_budget_tokens=250), _one(1000, 2), costs, record=True)
+    # Four chunks of 250: each pays the base once, and together exactly a + b*1000 + c*1000^2 of prefill.
+    assert whole.ttft_s[0] == pytest.approx(0.01 + 0.1 + 0.1)
+    assert chunked.ttft_s[0] == pytest.approx(4 * 0.01 + 0.1 + 0.1)
+    durations = chunked.steps["colocated"].duration_s[:4]
+    # Chunk k attends over the 250*k tokens before it: (250(k+1))^2 - (250k)^2 = 62500 (2k + 1) tokens^2.
+    expected = [0.01 + 250e-4 + 1e-7 * 62500 * (2 * k + 1) for k in range(4)]
+    assert durations == pytest.approx(expected)
+    assert chunked.steps["colocated"].prefill_attention_tokens2[:4] == [62500 * (2 * k + 1) for k in range(4)]
+
+
+def test_whole_prompts_batched_in_one_step_pay_attention_each_over_their_own_tokens():
+    costs = Costs(QUADRATIC, COSTS.transfer)
+    work = Workload(np.array([0.0, 0.0]), np.array([1000, 1000]), np.array([0, 0]), np.array([2, 2]))
+    result = simulate(Layout("colocated", workers=1), work, costs)
+    assert result.ttft_s[0] == pytest.approx(0.01 + 2 * 0.1 + 2 * 0.1)  # 2 x 1000^2, not 2000^2
+
+
 def test_a_split_ttft_includes_the_exposed_transfer():
     result = simulate(Layout("disaggregated", prefill_workers=1, decode_workers=1), _one(1000, 3), COSTS)
     transfer_s = 0.005 + 1000 * 1000 / 1e6

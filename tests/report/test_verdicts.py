@@ -64,8 +64,9 @@ def test_strict_itl_splits_at_the_ratio_the_true_costs_favour(scenario_traces):
     report = build_report([path], quick_options(sc, margin=MARGIN))
     assert report.verdict == "split", report.evidence
     assert abs(_prefill_workers(report.ratio) - _prefill_workers(_oracle_best_ratio(sc))) <= 1
-    # Splitting must clear the 15% margin over the best single pool; here it is well over 100%.
-    assert report.win_margin is not None and report.win_margin >= 1.0
+    # Splitting must clear the 15% margin over the best single pool (chunked at its best budget); here
+    # the true costs give it about +60%.
+    assert report.win_margin is not None and report.win_margin >= 0.3
 
 
 def test_a_prefill_heavy_split_on_a_decode_heavy_workload_is_rebalanced(scenario_traces):

@@ -14,15 +14,17 @@ from tracer import spans as s
 from tracer.sidecar import vllm
 
 T0 = 1_700_000_000_123_456_789
-QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.5, 0.2705, 1.7651
+QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.49, 0.2705, 1.7651
 
 
-def _send_vllm_span(endpoint: str) -> tuple[int, int]:
-    """One finished vLLM request span, as vLLM's OutputProcessor builds it; returns (trace id, span id)."""
+def _send_vllm_span(endpoint: str, model: str | None = "Qwen/Qwen3-0.6B") -> tuple[int, int]:
+    """One finished vLLM request span, as vLLM's OutputProcessor builds it; returns (trace id, span id).
+    vLLM before 0.1x set `gen_ai.response.model`; 0.32 does not (`model=None`)."""
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm.llm_engine"}))
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=endpoint, insecure=True)))
+    named = {vllm.ATTR_RESPONSE_MODEL: model} if model else {}
     span = provider.get_tracer("vllm.llm_engine").start_span("llm_request", kind=SpanKind.SERVER, start_time=T0, attributes={
-        vllm.ATTR_RESPONSE_MODEL: "Qwen/Qwen3-0.6B", vllm.ATTR_REQUEST_ID: "cmpl-1",
+        **named, vllm.ATTR_REQUEST_ID: "cmpl-1",
         vllm.ATTR_PROMPT_TOKENS: 33, vllm.ATTR_COMPLETION_TOKENS: 300,
         vllm.ATTR_TIME_IN_QUEUE: QUEUE_S, vllm.ATTR_TTFT: TTFT_S, vllm.ATTR_PREFILL: PREFILL_S,
         vllm.ATTR_DECODE: DECODE_S, vllm.ATTR_E2E: E2E_S, "gen_ai.request.max_tokens": 300,
@@ -44,9 +46,12 @@ def test_vllm_request_span_gets_stage_children_with_exact_timings(make_sidecar, 
         assert stage.trace_id == f"{trace_id:032x}" and stage.parent_span_id == request.span_id
         assert stage.attributes[s.ATTR_POOL] == "prefill" and stage.attributes[s.ATTR_WORKER] == "vllm-p0"
         assert stage.resource["service.name"] == "vllm.llm_engine"
-    assert (queue.start_ns, queue.end_ns) == (T0, T0 + 12_500_000)
-    assert (prefill.start_ns, prefill.end_ns) == (T0 + 12_500_000, T0 + 262_500_000)
-    assert (decode.start_ns, decode.end_ns) == (T0 + 262_500_000, T0 + 1_762_500_000)
+    # Anchored on the front end's marks, with vLLM's own durations: prefill ends at arrival + TTFT, decode
+    # at arrival + e2e; the queue ends where prefill starts, and what is left before it is the front end's.
+    assert (prefill.start_ns, prefill.end_ns) == (T0 + 20_500_000, T0 + 270_500_000)
+    assert (queue.start_ns, queue.end_ns) == (T0 + 8_000_000, T0 + 20_500_000)
+    assert queue.attributes[s.ATTR_FRONTEND_S] == pytest.approx(0.008)
+    assert (decode.start_ns, decode.end_ns) == (T0 + 275_100_000, T0 + 1_765_100_000)
     assert prefill.attributes[s.ATTR_PREFILL_TOKENS] == 33 and decode.attributes[s.ATTR_OUTPUT_TOKENS] == 300
 
     registry = sidecar.registry

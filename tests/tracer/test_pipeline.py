@@ -123,6 +123,17 @@ def test_latency_histograms_carry_the_trace_id_as_an_exemplar(traced):
     assert re.search(r'# \{trace_id="%032x"\} 0\.12' % ctx.trace_id, line), line
 
 
+def test_a_steps_prefill_attention_is_an_attribute_only_when_the_engine_gives_it(traced):
+    start, exporter, _ = traced
+    worker = start("colocated", "w0")
+    worker.tracer.step(0, 20 * MS, 4, 512, 1000, 1536**2 - 1024**2)  # a 512-token chunk at offset 1024
+    worker.tracer.step(30 * MS, 40 * MS, 4, 0, 1004)
+    worker.shutdown(1.0)
+    steps = sorted((span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP), key=lambda x: x.start_time)
+    assert steps[0].attributes[s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2] == 1536**2 - 1024**2
+    assert s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2 not in steps[1].attributes
+
+
 def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
     start, exporter, registry = traced
     worker = start("colocated", "w0", step_sample_every=3)

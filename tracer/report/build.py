@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from tracer.report import selfcheck
+from tracer.report.budget import candidate_budgets_tokens
+from tracer.report.confidence import MIN_RESAMPLES, RERUN_DURATION_S, RERUN_REQUESTS, RERUN_SAMPLE_REQUESTS, bootstrap
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
-from tracer.report.fit import PrefillFit, StepFit, TransferFit, estimate_steps, fit_prefill, fit_steps, fit_transfers
+from tracer.report.estimate import estimate_gaps, estimate_steps
+from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.load import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
@@ -24,7 +28,6 @@ from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCos
 DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
-DEFAULT_CHUNK_BUDGETS_TOKENS = (256, 512, 1024, 2048)
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
 
 
@@ -43,11 +46,14 @@ class ReportOptions:
     seed: int = 0
     min_requests: int = 20  # per window
     min_steps: int = 50
-    chunk_budgets_tokens: tuple[int, ...] = DEFAULT_CHUNK_BUDGETS_TOKENS
+    # Empty: power-of-two budgets around the largest one whose worst step keeps the ITL SLO (budget.py).
+    chunk_budgets_tokens: tuple[int, ...] = ()
     # Running requests one worker admits (vLLM --max-num-seqs, SGLang --max-running-requests); past it,
     # arrivals queue. The default is vLLM's.
     max_batch: int = DEFAULT_MAX_BATCH
     extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
+    # Bootstrap re-runs behind `confidence` (confidence.py); 0 skips it (confidence then null).
+    confidence_resamples: int = MIN_RESAMPLES
 
     def __post_init__(self) -> None:
         if self.gpus is not None and self.gpus < 1:
@@ -60,6 +66,8 @@ class ReportOptions:
             raise ValueError("--max-batch must be at least 1")
         if self.margin < 0:
             raise ValueError("margin must not be negative")
+        if self.confidence_resamples and self.confidence_resamples < MIN_RESAMPLES:
+            raise ValueError(f"confidence needs at least {MIN_RESAMPLES} resamples (or 0 to skip it)")
 
 
 @dataclass
@@ -115,6 +123,10 @@ class Report:
     read: dict[str, Any]
     win_margin: float | None = None
     model_check: dict[str, float] = field(default_factory=dict)
+    # insufficient-data because the self-check failed: what the model would have recommended (selfcheck.py).
+    unconfirmed: str | None = None
+    confidence: float | None = None  # share of bootstrap re-runs reaching the same verdict
+    confidence_resamples: int = 0
     data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
     step_fit: StepFit | None = field(default=None, repr=False)
 
@@ -194,16 +206,24 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if len(data.steps) >= options.min_steps:
         step_fit = fit_steps(data.steps)
     else:
-        step_fit = estimate_steps(requests, prefill_fit) if len(requests) else None
+        step_fit = estimate_steps(requests) if len(requests) else None
         if step_fit is None:
             missing.append(
                 f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
             )
         else:
             assumptions.append(
-                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from prefill spans and "
-                "decode spans' gaps against the decode batch seen on each worker"
+                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
+                "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
+                "that ran on the same worker in its decode window)"
             )
+    requests, estimated_itl = _with_estimated_gaps(requests, slo)
+    if estimated_itl:
+        assumptions.append(
+            f"per-request inter-token gaps ESTIMATED for {estimated_itl} of {len(requests)} requests (their spans carry none): "
+            "decode-only iterations of each request's own measured length, plus one stall per prefill that ran on its worker "
+            "during its decode, as long as that prefill"
+        )
     transfer_fit = fit_transfers(data.transfers)
     transfer = _transfer_costs(options, transfer_fit, assumptions)
     gpus = options.gpus or (current.gpus if current else 0)
@@ -232,11 +252,13 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
     costs = Costs(step_fit.costs, transfer, frontend_s)
     params = EngineParams(max_running_requests=options.max_batch)
-    layouts = candidate_layouts(gpus, options.chunk_budgets_tokens)
+    budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
+    layouts = candidate_layouts(gpus, budgets)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
     windows = _windows(data, options)
     window_results: list[WindowResult] = []
+    largest: tuple[int, list[GoodputResult], Workload] | None = None  # the window with the most requests
     for start_ns, end_ns in windows:
         in_window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns)
         selected = requests.select(in_window)
@@ -254,6 +276,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
             for layout in layouts
         ]
         decision = decide(current, results, options.margin)
+        if largest is None or len(selected) > largest[0]:
+            largest = (len(selected), results, observed)
         window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
     final = combine_windows(current, [w.decision for w in window_results])
     with_options = [w for w in window_results if w.options]
@@ -263,19 +287,78 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
     if check:
         evidence.append(
-            f"model check on the current layout: predicted TTFT p50 {check['predicted_ttft_p50_s']:.3g} s vs measured "
-            f"{check['measured_ttft_p50_s']:.3g} s; predicted ITL {slo.itl_stat} p50 {check['predicted_itl_p50_s']:.3g} s vs "
-            f"measured {check['measured_itl_p50_s']:.3g} s"
+            f"model check on the current layout (pass: {selfcheck.describe_tolerance()}): TTFT p50/p90 predicted "
+            f"{check['predicted_ttft_p50_s']:.3g}/{check['predicted_ttft_p90_s']:.3g} s vs measured "
+            f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
+            f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
+            f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
         )
     if final.verdict == "insufficient-data":
         return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + final.reasons,
                       assumptions, measured, network, window_results, read, data=data, step_fit=step_fit)
+    failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)
+    if failed_check:
+        guess = _headline_of(final)
+        reasons = failed_check + [f"unconfirmed best guess (not a recommendation while the model misses): {guess}"]
+        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + reasons,
+                      assumptions, measured, network, window_results, read, model_check=check, data=data, step_fit=step_fit,
+                      unconfirmed=guess)
+    confidence = None
+    if options.confidence_resamples and largest is not None:
+        confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
+                               options.confidence_resamples, options.seed, min(options.sim_requests, RERUN_REQUESTS),
+                               min(options.sim_duration_s, RERUN_DURATION_S), RERUN_SAMPLE_REQUESTS)
+        said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
+        evidence.append(
+            f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
+            f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
+        )
     return Report(
         verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
         current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
         evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
         win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
+        confidence=confidence.share if confidence else None, confidence_resamples=confidence.resamples if confidence else 0,
     )
+
+
+def _headline_of(decision: Decision) -> str:
+    """The decision in a few words, e.g. `split 2:2` or `enable-chunked-prefill (token budget 256)`."""
+    if decision.verdict == "rebalance":
+        return f"rebalance {decision.from_ratio} -> {decision.ratio}"
+    if decision.verdict == "split":
+        return f"split {decision.ratio}"
+    if decision.verdict == "enable-chunked-prefill" or (decision.verdict == "merge" and decision.chunk_budget_tokens):
+        return f"{decision.verdict} (token budget {decision.chunk_budget_tokens})"
+    return decision.verdict
+
+
+def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable, int]:
+    """`requests` with the inter-token statistics their spans lack estimated (estimate.py), and how many."""
+    missing = np.isnan(requests.itl(slo.itl_stat)) & (requests.output_tokens > 1) & ~requests.failed
+    if not missing.any():
+        return requests, 0
+    gaps = estimate_gaps(requests)
+    columns = {}
+    for name, estimate in (("itl_p50_s", gaps.p50_s), ("itl_p99_s", gaps.p99_s), ("itl_max_s", gaps.max_s), ("itl_mean_s", gaps.mean_s)):
+        current = getattr(requests, name)
+        columns[name] = np.where(np.isnan(current), estimate, current)
+    filled = replace(requests, **columns)
+    return filled, int((missing & ~np.isnan(filled.itl(slo.itl_stat))).sum())
+
+
+def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceData) -> tuple[int, ...]:
+    """Chunk budgets to simulate, around the ITL bound at the decode batch the traces show."""
+    steps = data.steps
+    if len(steps) and np.any(steps.decode_requests > 0):
+        decoding = steps.decode_requests > 0
+        batch = int(np.ceil(np.mean(steps.decode_requests[decoding])))
+        context = int(np.mean(steps.context_tokens[decoding]))
+    else:
+        batch = 8
+        context = int(batch * np.mean(requests.input_tokens + requests.output_tokens / 2)) if len(requests) else 0
+    prompts = np.maximum(requests.input_tokens - requests.cached_tokens, 1)
+    return candidate_budgets_tokens(step_fit.costs, slo.itl_s, prompts, batch, context)
 
 
 def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions: list[str]) -> TransferCosts:
@@ -401,12 +484,16 @@ def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO,
         return {}
     result = simulate(current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0)
     measured_itl = requests.itl(slo.itl_stat)[ok]
-    return {
-        "predicted_ttft_p50_s": float(np.median(result.ttft_s)),
-        "measured_ttft_p50_s": float(np.nanmedian(requests.ttft_s[ok])),
-        "predicted_itl_p50_s": float(np.median(result.itl(slo.itl_stat))),
-        "measured_itl_p50_s": float(np.nanmedian(measured_itl)) if np.any(~np.isnan(measured_itl)) else float("nan"),
-    }
+    measured_itl = measured_itl[~np.isnan(measured_itl)]
+    measured_ttft = requests.ttft_s[ok]
+    measured_ttft = measured_ttft[~np.isnan(measured_ttft)]
+    out: dict[str, float] = {}
+    for q in (50, 90):
+        out[f"predicted_ttft_p{q}_s"] = float(np.percentile(result.ttft_s, q))
+        out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")
+        out[f"predicted_itl_p{q}_s"] = float(np.percentile(result.itl(slo.itl_stat), q))
+        out[f"measured_itl_p{q}_s"] = float(np.percentile(measured_itl, q)) if len(measured_itl) else float("nan")
+    return out
 
 
 def _fits_dict(step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,

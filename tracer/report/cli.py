@@ -50,10 +50,12 @@ class _Duration(click.ParamType):
 @click.option("--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries.")
 @click.option("--skip-bad", is_flag=True, help="Skip and count bad lines/spans instead of failing.")
 @click.option("--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation.")
+@click.option("--confidence-resamples", type=click.IntRange(min=0), default=20, show_default=True,
+              help="Bootstrap re-runs behind the confidence figure (at least 20; 0 skips it).")
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_gbps, kv_bytes_per_token, window_s, max_batch,
-                   margin, prometheus_url, since_s, skip_bad, sim_requests, fmt, output) -> None:  # type: ignore[no-untyped-def]
+                   margin, prometheus_url, since_s, skip_bad, sim_requests, confidence_resamples, fmt, output) -> None:  # type: ignore[no-untyped-def]
     """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
     from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
     from tracer.report.load import TraceDataError
@@ -69,6 +71,7 @@ def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_g
         options = ReportOptions(
             slo=SLO(slo_ttft, slo_itl, itl_stat, attainment), gpus=gpus, link_gbps=link_gbps, kv_bytes_per_token=kv_bytes_per_token,
             window_s=window_s, max_batch=max_batch or DEFAULT_MAX_BATCH, margin=margin, skip_bad=skip_bad, sim_requests=sim_requests, extra_evidence=extra,
+            confidence_resamples=confidence_resamples,
         )
         report = build_report(list(traces), options)
     except (TraceFileError, TraceDataError, PrometheusError, ValueError) as exc:

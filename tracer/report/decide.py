@@ -76,7 +76,7 @@ def decide(current: Layout, results: list[GoodputResult], margin: float) -> Deci
             if gain >= margin:
                 reasons = [f"{fmt(best_split)} beats the best single pool ({fmt(best_single)}) by {_pct(gain)} (margin {_pct(margin)})"]
                 return Decision("split", best_split.layout, ratio=best_split.layout.ratio, changes_layout=True, reasons=reasons, win_margin=gain)
-            split_note = f"best split {fmt(best_split)} is within {_pct(margin)} of {fmt(best_single)} ({_pct(gain)})"
+            split_note = _short_of("the best split", best_split, "the best single pool", best_single, gain, margin)
         else:
             split_note = "one GPU: no split possible"
         if chunked is not None and colocated is not None:
@@ -94,7 +94,8 @@ def decide(current: Layout, results: list[GoodputResult], margin: float) -> Deci
                                 changes_layout=budget_changes, reasons=reasons)
         reasons = [split_note]
         if chunked is not None and colocated is not None:
-            reasons.append(f"best chunked {fmt(chunked)} against {fmt(colocated)}: {_pct(_gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu))}")
+            reasons.append(_short_of("chunked prefill at its best budget", chunked, "plain colocated", colocated,
+                                     _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu), margin))
         return Decision("stay-colocated", colocated.layout if colocated else current, changes_layout=current.mode != "colocated", reasons=reasons)
 
     assert best_split is not None and best_single is not None
@@ -110,8 +111,8 @@ def decide(current: Layout, results: list[GoodputResult], margin: float) -> Deci
                    f"best single pool {fmt(best_single)}"]
         return Decision("rebalance", best_split.layout, ratio=best_split.layout.ratio, from_ratio=current.ratio, changes_layout=True,
                         reasons=reasons, win_margin=gain_ratio)
-    reasons = [f"the deployed {fmt(now)} is within {_pct(margin)} of the best ratio ({fmt(best_split)})",
-               f"best single pool {fmt(best_single)} does not beat it by {_pct(margin)}"]
+    reasons = [_short_of("the best ratio", best_split, "the deployed split", now, gain_ratio, margin),
+               _short_of("the best single pool", best_single, "the best split", best_split, gain, margin)]
     return Decision("split", current, ratio=current.ratio, changes_layout=False, reasons=reasons)
 
 
@@ -148,6 +149,25 @@ def combine_windows(current: Layout, decisions: list[Decision]) -> Decision:
                             True, reasons, chosen.win_margin)
     keep = _keep(current, [f"no change holds in a majority of {len(with_data)} windows ({summary}); keeping the current layout"])
     return keep
+
+
+def _fmt(result: GoodputResult) -> str:
+    return f"{result.layout.label}: {result.goodput_per_gpu:.3g} req/s/GPU"
+
+
+def _short_of(challenger_role: str, challenger: GoodputResult, holder_role: str, holder: GoodputResult, gain: float,
+              margin: float) -> str:
+    """Why a challenger does not replace a holder, in words that match the sign of its gain."""
+    first, second = f"{challenger_role} ({_fmt(challenger)})", f"{holder_role} ({_fmt(holder)})"
+    if gain < 0:
+        return f"{first} is {_share(-gain)} below {second}"
+    if gain == 0:
+        return f"{first} only ties {second}"
+    return f"{first} beats {second} by only {_share(gain)}, under the {_share(margin)} margin"
+
+
+def _share(value: float) -> str:
+    return "inf" if value == float("inf") else f"{value * 100:.0f}%"
 
 
 def _pct(value: float) -> str:

@@ -5,15 +5,14 @@ a + b*sum(context) + c*batch; a mixed step adds the prefill part of its prefill 
 interference factor (mixed step over the decode-only step at equal batch and context) falls out.
 Coefficients are kept non-negative by refitting without any term that comes out negative.
 
-Without step spans (the sidecar's vLLM adapter) the step model is ESTIMATED: the prefill part from prefill
-spans, the decode part from each decode span's median gap against the batch seen on its worker at the
-time, and the interference from decode gaps (max over median) while prefills ran on the same worker.
-`StepFit.source` says which, and the report prints it as an assumption. Pure computation.
+Without step spans (the sidecar's vLLM adapter) the step model is ESTIMATED from request overlap
+(`tracer.report.estimate`); `StepFit.source` says which, and the report prints it as an assumption.
+Pure computation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -63,6 +62,20 @@ class StepFit:
     # multiplies each step by a lognormal factor of this sigma, so per-request tails (an ITL p99 is nearly
     # the worst of a request's gaps) are not predicted from the mean alone.
     noise_sigma: float = 0.0
+    # The regression behind `costs`, for the residual bootstrap (`resampled`): its design matrix, target,
+    # and which StepCosts field each column prices (the other fields stay as fitted).
+    design: np.ndarray | None = field(default=None, repr=False)
+    target: np.ndarray | None = field(default=None, repr=False)
+    terms: tuple[str, ...] = ()
+
+    def resampled(self, rng: np.random.Generator) -> StepCosts:
+        """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap)."""
+        if self.design is None or self.target is None or not self.terms:
+            return self.costs
+        fitted = self.design @ np.array([getattr(self.costs, term) for term in self.terms])
+        residuals = self.target - fitted
+        refit = fit_nonnegative(self.design, fitted + rng.choice(residuals, len(residuals)))
+        return replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
 
 
 # A step that starts within this long after its predecessor ended follows it back to back (the worker
@@ -95,8 +108,11 @@ def _robust_sigma(values: np.ndarray) -> float:
 def fit_steps(steps: StepTable) -> StepFit:
     """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware)."""
     p = steps.prefill_tokens.astype(float)
+    # The quadratic term is the chunks' attention over their prompts (tokens^2); a step span without it
+    # is taken to hold one whole prompt, whose attention is P^2.
+    attention = np.where(np.isnan(steps.prefill_attention_tokens2), p * p, steps.prefill_attention_tokens2)
     features = np.column_stack(
-        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, p * p]
+        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, attention]
     )
     cycle_s = cycle_times_s(steps)
     fit = fit_nonnegative(features, cycle_s)
@@ -113,7 +129,8 @@ def fit_steps(steps: StepTable) -> StepFit:
     predicted = features @ np.asarray(fit.coefficients, dtype=float)
     usable = (predicted > 0) & (cycle_s > 0)
     noise_sigma = _robust_sigma(np.log(cycle_s[usable] / predicted[usable])) if usable.sum() > 2 else 0.0
-    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma)
+    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma,
+                   features, cycle_s, _STEP_TERMS)
 
 
 @dataclass(frozen=True)
@@ -135,42 +152,6 @@ def fit_prefill(requests: RequestTable) -> PrefillFit | None:
     fit = fit_nonnegative(np.column_stack([np.ones(len(tokens)), tokens, tokens * tokens]), requests.prefill_s[ok])
     a, b, c = (float(x) for x in fit.coefficients)
     return PrefillFit(a, b, c, fit.r2, fit.samples)
-
-
-def estimate_steps(requests: RequestTable, prefill: PrefillFit | None) -> StepFit | None:
-    """The step model without step spans (see module docstring). None when the spans cannot support it."""
-    has_decode = (requests.decode_end_ns > requests.decode_start_ns) & (requests.output_tokens > 1) & ~requests.failed
-    if has_decode.sum() < 3 or prefill is None:
-        return None
-    gap_s = requests.itl_p50_s.copy()
-    tpot = (requests.decode_end_ns - requests.decode_start_ns) / 1e9 / np.maximum(requests.output_tokens - 1, 1)
-    gap_s = np.where(np.isnan(gap_s), tpot, gap_s)
-    batch = np.zeros(len(requests))
-    context = np.zeros(len(requests))
-    interference: list[float] = []
-    for worker in set(requests.decode_worker[has_decode]):
-        on_worker = has_decode & (requests.decode_worker == worker)
-        starts = np.sort(requests.decode_start_ns[on_worker])
-        ends = np.sort(requests.decode_end_ns[on_worker])
-        middle = (requests.decode_start_ns[on_worker] + requests.decode_end_ns[on_worker]) // 2
-        concurrent = np.searchsorted(starts, middle, side="right") - np.searchsorted(ends, middle, side="right")
-        batch[on_worker] = np.maximum(concurrent, 1)
-        mean_context = float(np.mean(requests.input_tokens[on_worker] + requests.output_tokens[on_worker] / 2))
-        context[on_worker] = batch[on_worker] * mean_context
-        # Decode spans that overlapped a prefill on the same worker: their worst gap over their median gap.
-        prefill_here = requests.prefill_worker == worker
-        p_start = np.sort(requests.prefill_start_ns[prefill_here])
-        p_end = np.sort(requests.prefill_end_ns[prefill_here])
-        for i in np.flatnonzero(on_worker):
-            overlapping = np.searchsorted(p_start, requests.decode_end_ns[i]) - np.searchsorted(p_end, requests.decode_start_ns[i])
-            if overlapping > 0 and requests.itl_max_s[i] > 0 and requests.itl_p50_s[i] > 0:
-                interference.append(float(requests.itl_max_s[i] / requests.itl_p50_s[i]))
-    use = has_decode & ~np.isnan(gap_s)
-    fit = fit_nonnegative(np.column_stack([np.ones(use.sum()), context[use], batch[use]]), gap_s[use])
-    base, per_context, per_request = (float(x) for x in fit.coefficients)
-    costs = StepCosts(base, per_context, per_request, prefill.b_s_per_token, prefill.c_s_per_token2)
-    factor = float(np.median(interference)) if interference else None
-    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(interference), 0)
 
 
 @dataclass(frozen=True)

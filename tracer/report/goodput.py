@@ -34,6 +34,7 @@ def search_goodput(
     min_requests: int = 100,
     duration_s: float = 30.0,
     params: EngineParams = EngineParams(),
+    bisect_steps: int = _BISECT_STEPS,
 ) -> GoodputResult:
     """Bisect the highest total arrival rate whose simulated attainment is at least `slo.attainment`.
 
@@ -74,7 +75,7 @@ def search_goodput(
             high = trial
         if low is None:
             return GoodputResult(layout, 0.0, 0.0, None, runs)
-    for _ in range(_BISECT_STEPS):
+    for _ in range(bisect_steps):
         middle = (low + high) / 2
         outcome = passes(middle)
         if outcome is None:

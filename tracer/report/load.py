@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from tracer import vocabulary
+from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
 from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
 
 ROOT_PREFIXES = (vocabulary.ROOT_SPAN_PREFIX, vocabulary.CHAT_SPAN_PREFIX + " ")  # "text_completion {model}", "chat {model}"
@@ -108,6 +109,8 @@ class StepTable:
     decode_requests: np.ndarray
     prefill_tokens: np.ndarray
     context_tokens: np.ndarray
+    # Attention work of the step's prefill chunks (tokens^2; see tracer.spans); NaN where not recorded.
+    prefill_attention_tokens2: np.ndarray
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -190,7 +193,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     missing what the report needs) unless `skip_bad`, which skips and counts them."""
     total = ReadStats()
     requests: dict[str, _Request] = {}
-    steps: tuple[list, ...] = ([], [], [], [], [], [], [])
+    steps: tuple[list, ...] = ([], [], [], [], [], [], [], [])
     workers: dict[str, set[str]] = {}
     models: set[str] = set()
     skipped = 0
@@ -222,6 +225,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
             decode_requests=np.asarray(steps[4], dtype=np.int64),
             prefill_tokens=np.asarray(steps[5], dtype=np.int64),
             context_tokens=np.asarray(steps[6], dtype=np.int64),
+            prefill_attention_tokens2=np.asarray(steps[7], dtype=float),
         ),
         transfers=_transfer_table(requests),
         workers={pool: sorted(names) for pool, names in workers.items()},
@@ -252,6 +256,7 @@ def _take(
             int(_number(span, "splitscope.step.decode_requests", where)),
             int(_number(span, "splitscope.step.prefill_tokens", where)),
             int(_number(span, "splitscope.step.context_tokens", where)),
+            _number(span, ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False),
         )
         for column, value in zip(steps, row):
             column.append(value)

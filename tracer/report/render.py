@@ -68,6 +68,9 @@ def to_json(report: Report) -> dict[str, Any]:
         "current_layout": report.current.label if report.current else None,
         "recommended_layout": report.recommended.label if report.recommended else None,
         "win_margin": report.win_margin,
+        "confidence": report.confidence,
+        "confidence_resamples": report.confidence_resamples,
+        "unconfirmed_best_guess": report.unconfirmed,
         "margin": report.margin,
         "slo": {"ttft_s": report.slo.ttft_s, "itl_s": report.slo.itl_s, "itl_stat": report.slo.itl_stat,
                 "attainment": report.slo.attainment},
@@ -104,6 +107,9 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
     """Shared content of the Markdown and HTML renders: (title, bullet lines or table rows)."""
     out: list[tuple[str, Any]] = []
     s = report.slo
+    if report.unconfirmed:
+        out.append(("Unconfirmed best guess", [f"{report.unconfirmed}: not a recommendation, the self-check failed (see Evidence)"]))
+    out.append(("Confidence", [_confidence_line(report)]))
     out.append(("SLO", [f"TTFT <= {_fmt_s(s.ttft_s)}, per-request ITL {s.itl_stat} <= {_fmt_s(s.itl_s)}, "
                         f"for {s.attainment:.0%} of requests; a layout change needs a {report.margin:.0%} goodput margin"]))
     m = report.measured
@@ -121,6 +127,13 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
     out.append(("Evidence", report.evidence))
     out.append(("Assumptions", report.assumptions))
     return out
+
+
+def _confidence_line(report: Report) -> str:
+    if report.confidence is None:
+        return "not computed (no verdict to resample, or --confidence-resamples 0)"
+    return (f"{report.confidence:.0%} of {report.confidence_resamples} bootstrap re-runs (requests and step-fit residuals "
+            "resampled) reach the same verdict")
 
 
 def render_markdown(report: Report) -> str:

@@ -35,11 +35,13 @@ class StepCosts:
     """Seconds one engine step takes (DistServe's forms, summed for a mixed step):
 
     step_s = base_s + context_s_per_token * context_tokens + decode_s_per_request * decode_requests
-             + prefill_s_per_token * P + prefill_s_per_token2 * P**2
+             + prefill_s_per_token * P + prefill_s_per_token2 * A
 
-    where P is the number of prefill tokens in the step. A prefill-only step is DistServe's
-    `a + b*L + c*L^2`; a decode-only step is `a + b*sum(context) + c*batch`. The interference of a mixed
-    step is its prefill part over its decode part.
+    where P is the number of prefill tokens in the step and A its attention work in tokens^2: each chunk
+    of n tokens at offset c in its prompt counts (c + n)^2 - c^2, so a chunk costs what prefilling c + n
+    tokens costs minus what prefilling c costs, and a prompt's chunks add up to its whole prefill. A
+    prefill-only step of one prompt is DistServe's `a + b*L + c*L^2`; a decode-only step is
+    `a + b*sum(context) + c*batch`. The interference of a mixed step is its prefill part over its decode part.
     """
 
     base_s: float
@@ -48,13 +50,22 @@ class StepCosts:
     prefill_s_per_token: float
     prefill_s_per_token2: float = 0.0
 
-    def step_s(self, decode_requests: int, context_tokens: int, prefill_tokens: int) -> float:
+    def step_s(self, decode_requests: int, context_tokens: int, prefill_tokens: int,
+               prefill_attention_tokens2: float | None = None) -> float:
+        """Seconds; `prefill_attention_tokens2` defaults to one prompt's whole prefill (P^2)."""
+        attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
         return (
             self.base_s
             + self.context_s_per_token * context_tokens
             + self.decode_s_per_request * decode_requests
             + self.prefill_s_per_token * prefill_tokens
-            + self.prefill_s_per_token2 * prefill_tokens * prefill_tokens
+            + self.prefill_s_per_token2 * attention
+        )
+
+    def chunk_s(self, offset_tokens: int, chunk_tokens: int) -> float:
+        """The prefill part of one chunk of `chunk_tokens` at `offset_tokens` in its prompt (seconds)."""
+        return self.prefill_s_per_token * chunk_tokens + self.prefill_s_per_token2 * (
+            (offset_tokens + chunk_tokens) ** 2 - offset_tokens**2
         )
 
     def decode_part_s(self, decode_requests: int, context_tokens: int) -> float:
@@ -208,6 +219,7 @@ class StepLog:
     decode_requests: list[int] = field(default_factory=list)
     prefill_tokens: list[int] = field(default_factory=list)
     context_tokens: list[int] = field(default_factory=list)
+    prefill_attention_tokens2: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -309,6 +321,7 @@ def _run_worker(
             joining = joining[len(admitted):]
         # Prefill work in this step.
         prefill_tokens = 0
+        attention = 0  # tokens^2: sum over chunks of (offset + n)^2 - offset^2
         done: list[int] = []
         if waiting:
             room = max_running - decode_n - len(joining) if decodes else max_running
@@ -317,11 +330,15 @@ def _run_worker(
                 for request in waiting:
                     if left <= 0 or room <= 0:
                         break
-                    take = min(left, remaining[request])
+                    rest = remaining[request]
+                    take = min(left, rest)
                     if request not in out.prefill_start_s:
                         out.prefill_start_s[request] = t
                     out.prefill_chunks[request] = out.prefill_chunks.get(request, 0) + 1
-                    remaining[request] -= take
+                    # The chunk attends over the part of its prompt already prefilled.
+                    offset = int(prefill_need[request]) - rest
+                    attention += (offset + take) * (offset + take) - offset * offset
+                    remaining[request] = rest - take
                     left -= take
                     prefill_tokens += take
                     room -= 1
@@ -335,6 +352,7 @@ def _run_worker(
                     out.prefill_start_s[request] = t
                     out.prefill_chunks[request] = 1
                     prefill_tokens += need
+                    attention += need * need
                     room -= 1
                     done.append(request)
             for _ in done:
@@ -345,7 +363,7 @@ def _run_worker(
                 t = max(t, pending[0][0])
                 continue
             break
-        duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * prefill_tokens * prefill_tokens
+        duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
         if noise is not None:
             duration *= float(noise.lognormal(0.0, noise_sigma))
         if log is not None:
@@ -355,6 +373,7 @@ def _run_worker(
             log.decode_requests.append(decode_n)
             log.prefill_tokens.append(prefill_tokens)
             log.context_tokens.append(context_sum)
+            log.prefill_attention_tokens2.append(attention)
         out.step_start_s.append(t)
         t += duration
         step_end.append(t)

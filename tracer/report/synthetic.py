@@ -16,12 +16,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from tracer.report.simulate import Costs, EngineParams, Layout, SimResult, StepCosts, TransferCosts, Workload, simulate
+from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
 from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
 EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: synthetic traces start here
@@ -212,6 +213,7 @@ def _lines(
                             "splitscope.step.decode_requests": log.decode_requests[i],
                             "splitscope.step.prefill_tokens": log.prefill_tokens[i],
                             "splitscope.step.context_tokens": log.context_tokens[i],
+                            ATTR_STEP_PREFILL_ATTENTION_TOKENS2: log.prefill_attention_tokens2[i],
                             "splitscope.timing.source": "cuda",
                         },
                     )
@@ -347,8 +349,12 @@ GROUND_TRUTH_STEP = StepCosts(base_s=0.008, context_s_per_token=2e-7, decode_s_p
 _KV = 131072.0
 
 
-def ground_truth_costs(link_gbps: float = 100.0) -> Costs:
-    return Costs(GROUND_TRUTH_STEP, TransferCosts(_KV, link_gbps * 1e9 / 8, 0.002))
+# Long prompts: attention over the prompt adds a quadratic term (20 ns per token^2: +40 ms at 2000 tokens).
+LONG_PROMPT_STEP = replace(GROUND_TRUTH_STEP, prefill_s_per_token2=2e-8)
+
+
+def ground_truth_costs(link_gbps: float = 100.0, step: StepCosts = GROUND_TRUTH_STEP) -> Costs:
+    return Costs(step, TransferCosts(_KV, link_gbps * 1e9 / 8, 0.002))
 
 
 def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
@@ -360,14 +366,15 @@ def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(600, 1200), output_tokens=(100, 250), seed=seed)
         return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.1)
     if name == "strict-itl":  # any prefill in a decode step breaks a tight ITL SLO: only a split meets it
-        work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.035)
+        work = synthetic_workload(n_requests, 2.0, prompt_tokens=(2000, 4000), output_tokens=(100, 200), seed=seed)
+        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(step=LONG_PROMPT_STEP), 2.0, 0.035)
     if name == "wrong-split":  # decode-heavy workload deployed prefill-heavy (3:1)
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(200, 400), output_tokens=(200, 400), seed=seed)
         return Scenario(Layout("disaggregated", prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035)
     if name == "slow-link":  # strict-itl's split, but the KV crosses a slow link: the transfer eats the TTFT
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work, ground_truth_costs(link_gbps=1.0), 1.0, 0.06)
+        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work,
+                        ground_truth_costs(link_gbps=1.0, step=LONG_PROMPT_STEP), 1.0, 0.06)
     raise ValueError(f"unknown scenario {name!r}")
 
 

@@ -8,7 +8,8 @@
     unix_ingest.py   the Unix-socket server
     otlp_http.py     OTLP/HTTP receiver (aiohttp) and /metrics
     otlp_grpc.py     OTLP/gRPC receiver
-    vllm.py          vLLM `llm_request` span -> our stage spans
+    vllm.py          vLLM `llm_request` (and proposed lifecycle) spans -> our stage spans
+    sglang.py        SGLang's request trace slices -> our stage spans
     engine_metrics.py  mapping tables: vLLM / SGLang / Dynamo metric families -> our catalogue
     scrape.py        a prometheus_client Collector that scrapes an engine and re-yields our names
     fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.otel.encode_line

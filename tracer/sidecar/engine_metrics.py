@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracer.metrics import PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
+
 GAUGE = "gauge"
 COUNTER = "counter"
 HISTOGRAM = "histogram"
@@ -24,7 +26,10 @@ class FamilyMap:
     (e.g. bytes per transfer -> bytes total). Several source series that land on one target series are
     summed (`aggregate="sum"`) or the largest is kept (`"max"`, for ratios). `labels` are the target's
     label names, filled from: `pool`, `worker`, `mode` (configuration), `gen_ai_request_model` (the
-    source's model label), or `fixed`.
+    source's model label), `fixed`, or `copy` (target label -> the source label it takes its value from).
+    `unless` names a source family that, when the exposition has it, replaces this mapping (an engine
+    version with a better-fitting family). `scale` converts units: it multiplies gauge and counter values
+    (MiB -> bytes) and a histogram's bucket bounds and sum (ms -> s).
     """
 
     source: str
@@ -35,6 +40,9 @@ class FamilyMap:
     match: dict[str, str] = field(default_factory=dict)
     from_sample: str = ""
     aggregate: str = "sum"
+    copy: dict[str, str] = field(default_factory=dict)
+    unless: str = ""
+    scale: float = 1.0
 
 
 _W = ("pool", "worker")
@@ -49,8 +57,14 @@ VLLM = (
     FamilyMap("vllm:gpu_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),  # vLLM < 0.10
     FamilyMap("vllm:prefix_cache_queries", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("vllm:prefix_cache_hits", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
-    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}),
+    # Prefill tokens computed, cache hits and pulled KV excluded, counted per step as our workers count them
+    # (vLLM >= 0.2x: prompt_tokens_by_source{source="local_compute"}); older vLLM: every prompt token.
+    FamilyMap("vllm:prompt_tokens_by_source", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, {"source": "local_compute"}),
+    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, unless="vllm:prompt_tokens_by_source"),
     FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    FamilyMap("vllm:iteration_tokens_total", STEP_TOKENS, HISTOGRAM, ("pool",)),
+    FamilyMap("vllm:num_preemptions", PREEMPTIONS, COUNTER, ("pool",)),
+    FamilyMap("vllm:request_success", REQUESTS_FINISHED, COUNTER, ("pool", "reason"), copy={"reason": "finished_reason"}),
     FamilyMap("vllm:request_queue_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "queue"}),
     FamilyMap("vllm:request_prefill_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "prefill"}),
     FamilyMap("vllm:request_decode_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "decode"}),
@@ -86,6 +100,14 @@ SGLANG = (
     FamilyMap("sglang:time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ),
     FamilyMap("sglang:time_per_output_token_seconds", "gen_ai_server_time_per_output_token_seconds", HISTOGRAM, _REQ),
     FamilyMap("sglang:e2e_request_latency_seconds", "gen_ai_server_request_duration_seconds", HISTOGRAM, _REQ),
+    # PD disaggregation queues: requests waiting for the bootstrap handshake (prefill), for KV memory
+    # (decode prealloc) or for their KV to arrive (decode transfer) are not running yet: they wait. The
+    # prefill inflight queue holds requests already computed whose KV is being sent: not waiting for us.
+    FamilyMap("sglang:num_prefill_prealloc_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
+    FamilyMap("sglang:num_decode_prealloc_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
+    FamilyMap("sglang:num_decode_transfer_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
+    # Per-transfer KV size histogram (SGLang 2026; the older last-value gauge has no sum to count): MiB.
+    FamilyMap("sglang:kv_transfer_total_mb", "splitscope_kv_transfer_bytes", COUNTER, _KV, _TRANSFER, from_sample="sum", scale=2.0**20),
     FamilyMap("sglang:num_transfer_failed_reqs", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "sglang_transfer_failed"}),
     FamilyMap("sglang:num_bootstrap_failed_reqs", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "sglang_bootstrap_failed"}),
 )  # fmt: skip
@@ -97,6 +119,11 @@ DYNAMO = (
     FamilyMap("dynamo_frontend_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
     FamilyMap("dynamo_frontend_input_sequence_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, from_sample="sum"),
     FamilyMap("dynamo_frontend_output_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    # Disaggregated: prefill result at the router until the decode worker's first token, an upper bound on
+    # the transfer (dispatch, network, transfer, one decode pass). Router's name, and the frontend's.
+    FamilyMap("dynamo_component_router_kv_transfer_estimated_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "kv_transfer"}),
+    FamilyMap("dynamo_frontend_kv_transfer_estimated_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "kv_transfer"},
+              unless="dynamo_component_router_kv_transfer_estimated_latency_seconds"),
 )  # fmt: skip
 
 ENGINES: dict[str, tuple[FamilyMap, ...]] = {"vllm": VLLM, "sglang": SGLANG, "dynamo": DYNAMO}

@@ -6,6 +6,10 @@ Per span:
 - vLLM's `llm_request` (vllm.py): exported unchanged, plus our stage spans under it; the stage spans
   and a metrics-only request span feed the metrics unless `vllm_span_metrics` is off (when the same
   families come from scraping vLLM's /metrics: one source per engine, docs/engines.md);
+- vLLM's proposed lifecycle spans (`vllm_queue`, `vllm_prefill`, ...): exported unchanged, each with our
+  stage span beside it, metered like the derived ones;
+- SGLang's trace slices (sglang.py): exported unchanged, each with our stage span beside it, metered
+  unless SGLang's /metrics is scraped (`sglang_span_metrics` off);
 - anything else: exported unchanged, no metrics.
 
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
@@ -27,6 +31,7 @@ from tracer import spans as s
 from tracer.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
 
@@ -52,6 +57,8 @@ class SpanExport:
         processors: Sequence[SpanProcessor] = (),
         vllm: VllmAdapter | None = None,
         vllm_span_metrics: bool = True,
+        sglang: SglangAdapter | None = None,
+        sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
     ) -> None:
         self.queue = queue
@@ -60,6 +67,8 @@ class SpanExport:
         self.processors = list(processors)
         self.vllm = vllm
         self.vllm_span_metrics = vllm_span_metrics
+        self.sglang = sglang
+        self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
@@ -99,9 +108,10 @@ class SpanExport:
 
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        vllm = self.vllm
+        vllm, sglang = self.vllm, self.sglang
         out = []
         metered = []
+        resource: dict | None = None
         for span in batch.spans:
             if vllm is not None and vllm.matches(span):
                 out.append(span)
@@ -109,7 +119,25 @@ class SpanExport:
                 out.extend(stages)
                 if self.vllm_span_metrics:
                     metered.extend(stages)
-                    metered.append(vllm.request_metrics_span(span))
+                    if resource is None:
+                        resource = dict(batch.resource)
+                    metered.append(vllm.request_metrics_span(span, resource))
+                continue
+            if vllm is not None and vllm.is_lifecycle(span):
+                out.append(span)
+                stage = vllm.lifecycle_stage(span)
+                if stage is not None:
+                    out.append(stage)
+                    if self.vllm_span_metrics:
+                        metered.append(stage)
+                continue
+            if sglang is not None and sglang.matches(span):
+                out.append(span)
+                stage = sglang.stage_span(span)
+                if stage is not None:
+                    out.append(stage)
+                    if self.sglang_span_metrics:
+                        metered.append(stage)
                 continue
             if is_ours(span):
                 metered.append(span)

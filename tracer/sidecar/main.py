@@ -45,6 +45,8 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
 @click.option("--worker", default="engine", show_default=True, help="The engine instance's name (splitscope.worker).")
 @click.option("--mode", type=click.Choice(["colocated", "chunked", "disaggregated"]), default="colocated", show_default=True,
               help="Deployment mode label for request metrics.")
+@click.option("--model", default="", help="The served model's name, for request metrics when the engine's spans name none "
+              "(vLLM 0.32) and no --scrape of it gives one.")
 @click.option("--scrape", "scrape", multiple=True, metavar="ENGINE=URL",
               help="Map an engine's /metrics into ours, e.g. vllm=http://127.0.0.1:8000/metrics (repeatable).")
 @click.option("--scrape-timeout", type=click.FloatRange(0.1, 60), default=2.0, show_default=True, help="Seconds per engine scrape.")
@@ -53,7 +55,7 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
               help="Largest OTLP request, after decompression.")
 @click.option("--no-gpu", is_flag=True, help="Do not sample GPUs through NVML.")
 def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, traces_file, metrics_port, pool, worker,
-                    mode, scrape, scrape_timeout, max_queued_spans, max_body_bytes, no_gpu) -> None:  # fmt: skip
+                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, no_gpu) -> None:  # fmt: skip
     """Receive telemetry beside a serving engine (OTLP, vLLM spans, our workers' records) and emit splitscope's."""
     from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 
@@ -66,7 +68,7 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
     config = SidecarConfig(
         host=host, http_port=None if no_http else http_port, grpc_port=None if no_grpc else grpc_port,
         unix_socket=unix_socket, traces_file=traces_file, metrics_port=metrics_port, pool=pool, worker=worker,
-        mode=mode, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
+        mode=mode, model=model, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
         max_body_bytes=max_body_bytes, gpu=not no_gpu,
     )  # fmt: skip
     stop = threading.Event()

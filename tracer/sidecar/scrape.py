@@ -8,23 +8,28 @@ valid histogram on its own, and PromQL's histogram_quantile works per series (do
 
 `MergedCollector` yields our catalogue's families and the scraped ones as one exposition: a family both
 produce is written once, and a scraped series whose labels the catalogue already has is left out (the
-catalogue wins), so the exposition never repeats a family or a series.
+catalogue wins), so the exposition never repeats a family or a series. It ends with the scrapes' health,
+`splitscope_engine_scrape_up{engine}` and `splitscope_engine_scrape_duration_seconds{engine}`: an engine
+that is down has no mapped series at all (nothing reads as measured), and its failure and its recovery
+are logged once each.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from tracer.metrics import ENGINE_SCRAPE_DURATION, ENGINE_SCRAPE_UP
 from tracer.sidecar.engine_metrics import (
     COUNTER,
     ENGINE_INDEX_LABELS,
@@ -72,8 +77,12 @@ def map_families(
     config = {"pool": pool, "worker": worker, "mode": mode}
     # target name -> (kind, doc, {label values tuple: accumulated value})
     out: dict[str, _Target] = {}
-    for family in text_string_to_metric_families(text):
+    families = list(text_string_to_metric_families(text))
+    present = {family.name for family in families}
+    for family in families:
         for m in by_source.get(family.name, ()):
+            if m.unless in present:
+                continue
             target = out.get(m.target)
             if target is None:
                 target = out[m.target] = _Target(m.kind, _HELP.format(engine=engine), m.labels)
@@ -110,6 +119,8 @@ def _target_labels(m: FamilyMap, source_labels: dict[str, str], config: dict[str
     for label in m.labels:
         if label in m.fixed:
             values.append(m.fixed[label])
+        elif label in m.copy:
+            values.append(source_labels.get(m.copy[label], ""))
         elif label == "gen_ai_request_model":
             values.append(next((source_labels[k] for k in MODEL_LABELS if k in source_labels), ""))
         elif label == "worker":
@@ -136,10 +147,11 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
             if sample.name != wanted or math.isnan(sample.value):
                 continue
             key = _target_labels(m, _series_labels(sample), config)
+            value = sample.value * m.scale
             if key in target.values and m.aggregate == "max":
-                target.values[key] = max(target.values[key], sample.value)
+                target.values[key] = max(target.values[key], value)
             else:
-                target.values[key] = target.values.get(key, 0.0) + sample.value
+                target.values[key] = target.values.get(key, 0.0) + value
         return
     # Histogram: gather each source series, then add it into its target series if the buckets agree.
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
@@ -147,11 +159,11 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
         labels = _series_labels(sample)
         h = series.setdefault(tuple(sorted(labels.items())), {"labels": labels, "buckets": {}, "count": 0.0, "sum": 0.0})
         if sample.name == family.name + "_bucket":
-            h["buckets"][_le(sample.labels["le"])] = sample.value
+            h["buckets"][_le(sample.labels["le"], m.scale)] = sample.value
         elif sample.name == family.name + "_count":
             h["count"] = sample.value
         elif sample.name == family.name + "_sum":
-            h["sum"] = sample.value
+            h["sum"] = sample.value * m.scale
     for h in series.values():
         if "+Inf" not in h["buckets"]:
             continue  # not a complete histogram series
@@ -168,14 +180,17 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
             log.warning("splitscope sidecar: %s series with other buckets than %s; left out", family.name, m.target)
 
 
-def _le(value: str) -> str:
-    """Bucket bounds in Prometheus' canonical float text ('1.0', '+Inf'), whatever the engine wrote."""
+def _le(value: str, scale: float = 1.0) -> str:
+    """Bucket bounds in Prometheus' canonical float text ('1.0', '+Inf'), whatever the engine wrote,
+    times `scale` (unit conversion), rounded to 12 significant digits so 5 ms reads 0.005, not 0.005000000000000001."""
     bound = float(value)
-    return "+Inf" if math.isinf(bound) else repr(bound)
+    return "+Inf" if math.isinf(bound) else repr(float(f"{bound * scale:.12g}"))
 
 
 class EngineScraper:
-    """Collector for one engine endpoint. `collect` runs on whatever thread renders /metrics."""
+    """Collector for one engine endpoint. `collect` runs on whatever thread renders /metrics (blocking
+    up to `timeout_s`); it records whether that scrape worked (`up`) and how long it took
+    (`duration_s`), read from any thread."""
 
     def __init__(self, url: str, engine: str, *, pool: str, worker: str, mode: str, timeout_s: float = 2.0) -> None:
         if engine not in ENGINES:
@@ -185,18 +200,45 @@ class EngineScraper:
         self.pool, self.worker, self.mode = pool, worker, mode
         self.timeout_s = timeout_s
         self.last_error = ""
+        self.up: bool | None = None  # None: never scraped
+        self.duration_s = 0.0
 
     def collect(self) -> Iterator[Metric]:
+        started = time.perf_counter()
         try:
             text = fetch(self.url, self.timeout_s)
             families = map_families(text, self.engine, pool=self.pool, worker=self.worker, mode=self.mode)
         except (ScrapeError, ValueError) as exc:
+            self.duration_s = time.perf_counter() - started
             if str(exc) != self.last_error:  # one line per change of state, not per scrape
                 log.warning("splitscope sidecar: %s", exc)
             self.last_error = str(exc)
+            self.up = False
             return iter(())
+        self.duration_s = time.perf_counter() - started
+        if self.up is False:
+            log.warning("splitscope sidecar: %s scrape of %s recovered", self.engine, self.url)
         self.last_error = ""
+        self.up = True
         return iter(families)
+
+
+def scrape_health(scrapers: Iterable[EngineScraper]) -> list[Metric]:
+    """`splitscope_engine_scrape_up{engine}` and `..._scrape_duration_seconds{engine}` of the scrapes just
+    made. Several scrapers of one engine: up is the lowest (one down is down), duration the longest."""
+    up: dict[str, float] = {}
+    duration: dict[str, float] = {}
+    for scraper in scrapers:
+        if scraper.up is None:
+            continue
+        up[scraper.engine] = min(up.get(scraper.engine, 1.0), 1.0 if scraper.up else 0.0)
+        duration[scraper.engine] = max(duration.get(scraper.engine, 0.0), scraper.duration_s)
+    up_family = GaugeMetricFamily(ENGINE_SCRAPE_UP, "1 when the last scrape of the engine's /metrics worked", labels=["engine"])
+    duration_family = GaugeMetricFamily(ENGINE_SCRAPE_DURATION, "Seconds the last engine scrape took", labels=["engine"])
+    for engine in sorted(up):
+        up_family.add_metric([engine], up[engine])
+        duration_family.add_metric([engine], duration[engine])
+    return [up_family, duration_family]
 
 
 class MergedCollector:
@@ -220,6 +262,8 @@ class MergedCollector:
                 _merge_into(family, extra.pop(name))
             yield family
         yield from extra.values()
+        if self.scrapers:
+            yield from scrape_health(self.scrapers)
 
 
 def _series_key(sample: Sample) -> tuple:

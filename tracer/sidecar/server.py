@@ -31,8 +31,9 @@ from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_grpc import start_grpc_server
 from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
 from tracer.sidecar.scrape import EngineScraper, merged_registry
+from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.unix_ingest import UnixIngestServer
-from tracer.sidecar.vllm import VllmAdapter
+from tracer.sidecar.vllm import ModelNames, VllmAdapter
 from tracer.vocabulary import DropReason
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class SidecarConfig:
     pool: str = "colocated"
     worker: str = "engine"
     mode: str = "colocated"
+    model: str = ""  # the served model, for request metrics when the engine's spans name none
     scrape: list[tuple[str, str]] = field(default_factory=list)
     scrape_timeout_s: float = 2.0
     max_queued_spans: int = 262_144
@@ -75,7 +77,8 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.catalogue = Catalogue(self.registry)
+        # Span-fed only: queue depth and KV cache use come from an engine scrape or not at all.
+        self.catalogue = Catalogue(self.registry, worker_gauges=False)
         dropped = self.catalogue.tracer_dropped
         self._count_drop = lambda reason, n: dropped.labels(reason=reason).inc(n)
         self.queue = IngestQueue(config.max_queued_spans, self._count_drop)
@@ -89,9 +92,11 @@ class Sidecar:
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
             processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n)),
-            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode),
+            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(config.model)),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
-            vllm_span_metrics="vllm" not in scraped_engines, on_error=self._count_drop,
+            vllm_span_metrics="vllm" not in scraped_engines,
+            sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
+            on_error=self._count_drop,
         )  # fmt: skip
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None

@@ -1,0 +1,281 @@
+"""A ground-truth serving engine for the report's tests, written from first principles, token by token.
+
+It shares no code with `tracer.report`: it is what the report's model is checked against. Each worker
+runs engine iterations one after another; in every iteration each running request emits one token
+(its own timestamp, kept per request), and waiting prompts are prefilled:
+
+- colocated: whole prompts, first come first served, up to a token cap per iteration; a prompt's first
+  token leaves when its prefill iteration ends, and it decodes from the next iteration on;
+- chunked (Sarathi-Serve): the running requests' decode tokens first, then prompt chunks up to the token
+  budget; a chunk of n tokens at offset c of its prompt attends over the c tokens before it;
+- split: prefill workers run prefill-only iterations, each KV cache crosses its prefill worker's link
+  (one transfer at a time, latency + bytes / bandwidth), and a decode worker admits it at the start of
+  an iteration, when the first token is sent.
+
+Iteration time is physics (`Physics.iteration_s`), optionally slowed by a periodic throttle that no cost
+model sees (the self-check test). Requests are routed round-robin. Blocking, pure Python; seconds.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Physics:
+    """What one iteration costs on this hardware, and the link between pools."""
+
+    iteration_base_s: float = 0.010
+    per_context_token_s: float = 2e-7  # attention of every running request over its context
+    per_running_request_s: float = 2e-3
+    per_prefill_token_s: float = 1.2e-4
+    per_attention_token2_s: float = 2e-8  # a chunk of n at offset c: (c + n)^2 - c^2 token pairs (x2)
+    kv_bytes_per_token: float = 131072.0
+    link_bytes_per_s: float = 12.5e9  # 100 Gb/s
+    link_latency_s: float = 0.002
+    # Outside any cost model: during every other `throttle_period_s`, iterations take `throttle_factor` x.
+    throttle_period_s: float = 0.0
+    throttle_factor: float = 1.0
+
+    def iteration_s(self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int) -> float:
+        seconds = (
+            self.iteration_base_s
+            + self.per_context_token_s * context_tokens
+            + self.per_running_request_s * running
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_attention_token2_s * attention_tokens2
+        )
+        if self.throttle_period_s > 0 and int(now_s // self.throttle_period_s) % 2 == 1:
+            seconds *= self.throttle_factor
+        return seconds
+
+    def transfer_s(self, prompt_tokens: int) -> float:
+        return self.link_latency_s + prompt_tokens * self.kv_bytes_per_token / self.link_bytes_per_s
+
+
+@dataclass(frozen=True)
+class Deployment:
+    kind: str  # colocated | chunked | split
+    workers: int = 0
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    budget_tokens: int = 0
+    max_running: int = 256
+    max_prefill_tokens: int = 8192  # whole prompts batched into one iteration (at least one)
+
+    @property
+    def gpus(self) -> int:
+        return self.prefill_workers + self.decode_workers if self.kind == "split" else self.workers
+
+    @property
+    def name(self) -> str:
+        if self.kind == "split":
+            return f"split {self.prefill_workers}:{self.decode_workers}"
+        if self.kind == "chunked":
+            return f"chunked {self.budget_tokens}"
+        return "colocated"
+
+
+@dataclass
+class Request:
+    index: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int  # including the first token
+    prefill_worker: int = -1
+    decode_worker: int = -1
+    prefill_start_s: float = -1.0
+    prefill_end_s: float = -1.0
+    chunks: int = 0
+    transfer_start_s: float = -1.0
+    transfer_end_s: float = -1.0
+    first_token_s: float = -1.0
+    token_s: list[float] = field(default_factory=list)  # every token after the first
+    decode_start_s: float = -1.0
+    end_s: float = -1.0
+    prefilled: int = 0  # prompt tokens prefilled so far
+    first_iteration: int = -1  # its worker's iteration that emits its second token
+
+    @property
+    def gaps_s(self) -> np.ndarray:
+        return np.diff(np.array([self.first_token_s, *self.token_s])) if self.token_s else np.zeros(0)
+
+    def itl_s(self, stat: str) -> float:
+        gaps = self.gaps_s
+        if not len(gaps):
+            return 0.0
+        return float({"p99": lambda g: np.percentile(g, 99), "max": np.max, "mean": np.mean, "p50": np.median}[stat](gaps))
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+
+@dataclass
+class Iteration:
+    pool: str
+    worker: int
+    start_s: float
+    end_s: float
+    running: int
+    context_tokens: int
+    prefill_tokens: int
+    attention_tokens2: int
+
+
+@dataclass
+class Run:
+    deployment: Deployment
+    requests: list[Request]
+    iterations: list[Iteration] | None
+    kv_bytes_per_token: float
+
+    def attainment(self, ttft_s: float, itl_s: float, itl_stat: str) -> float:
+        ok = [0 <= r.ttft_s <= ttft_s and r.end_s >= 0 and r.itl_s(itl_stat) <= itl_s for r in self.requests]
+        return sum(ok) / len(ok)
+
+
+def serve(deployment: Deployment, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+          physics: Physics, noise_sigma: float = 0.0, seed: int = 0, record: bool = True) -> Run:
+    """Serve the requests on `deployment`; every request's token times, and (`record`) every iteration."""
+    rng = np.random.default_rng(seed)
+    requests = [Request(i, float(a), int(p), max(1, int(o))) for i, (a, p, o) in
+                enumerate(zip(arrival_s, prompt_tokens, output_tokens))]
+    by_arrival = sorted(requests, key=lambda r: r.arrival_s)
+    iterations: list[Iteration] | None = [] if record else None
+    if deployment.kind in ("colocated", "chunked"):
+        inboxes = [[] for _ in range(deployment.workers)]
+        for turn, request in enumerate(by_arrival):
+            request.prefill_worker = request.decode_worker = turn % deployment.workers
+            inboxes[turn % deployment.workers].append((request.arrival_s, request))
+        for worker, inbox in enumerate(inboxes):
+            _worker(deployment.kind, "colocated", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
+        return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+
+    inboxes = [[] for _ in range(deployment.prefill_workers)]
+    for turn, request in enumerate(by_arrival):
+        request.prefill_worker = turn % deployment.prefill_workers
+        inboxes[request.prefill_worker].append((request.arrival_s, request))
+    for worker, inbox in enumerate(inboxes):
+        _worker("prefill", "prefill", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
+        link_free_s = 0.0
+        for request in sorted((r for _, r in inbox), key=lambda r: r.prefill_end_s):
+            request.transfer_start_s = max(request.prefill_end_s, link_free_s)
+            wire_s = physics.transfer_s(request.prompt_tokens) - physics.link_latency_s
+            if noise_sigma > 0:
+                wire_s *= float(rng.lognormal(0.0, noise_sigma))
+            link_free_s = request.transfer_start_s + wire_s
+            request.transfer_end_s = link_free_s + physics.link_latency_s
+    ready = sorted(requests, key=lambda r: r.transfer_end_s)
+    inboxes = [[] for _ in range(deployment.decode_workers)]
+    for turn, request in enumerate(ready):
+        request.decode_worker = turn % deployment.decode_workers
+        inboxes[request.decode_worker].append((request.transfer_end_s, request))
+    for worker, inbox in enumerate(inboxes):
+        _worker("decode", "decode", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
+    return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+
+
+def _worker(role: str, pool: str, worker: int, inbox: list[tuple[float, Request]], deployment: Deployment,
+            physics: Physics, rng: np.random.Generator, noise_sigma: float, iterations: list[Iteration] | None) -> None:
+    """One worker's iterations until its inbox is served. role: colocated | chunked | prefill | decode.
+
+    Every running request emits one token per iteration, at the iteration's end; a request records the
+    iterations it ran in (its token times are those iterations' ends), so an iteration costs O(1) plus
+    its joins and leaves, not O(batch)."""
+    inbox = deque(inbox)
+    waiting: deque[Request] = deque()  # prompts to prefill, or (decode) KV caches to admit
+    leaving: list[tuple[int, int, Request]] = []  # (iteration of its last token, index, request)
+    ends: list[float] = []  # this worker's iteration end times
+    running = 0
+    context = 0  # tokens the running requests attend over
+    now = 0.0
+    while inbox or waiting or running:
+        if not waiting and not running and inbox[0][0] > now:
+            now = inbox[0][0]
+        while inbox and inbox[0][0] <= now:
+            waiting.append(inbox.popleft()[1])
+        here = len(ends)  # index of the iteration being planned
+        joined: list[Request] = []  # finish their prefill in this iteration
+        prefill_tokens = attention = 0
+        if role == "decode":
+            while waiting and running < deployment.max_running:
+                request = waiting.popleft()
+                request.first_token_s = request.decode_start_s = now  # sent by the decode worker on admission
+                if request.output_tokens > 1:
+                    _start_decoding(request, here, leaving)
+                    running += 1
+                    context += request.prompt_tokens + 1
+                else:
+                    request.end_s = now
+        elif role == "chunked":
+            left = deployment.budget_tokens - running
+            for request in waiting:
+                if left <= 0 or running + len(joined) >= deployment.max_running:
+                    break
+                chunk = min(left, request.prompt_tokens - request.prefilled)
+                if request.chunks == 0:
+                    request.prefill_start_s = now
+                attention += (request.prefilled + chunk) ** 2 - request.prefilled**2
+                request.prefilled += chunk
+                request.chunks += 1
+                prefill_tokens += chunk
+                left -= chunk
+                if request.prefilled == request.prompt_tokens:
+                    joined.append(request)
+            for _ in joined:  # first come first served: the finished prompts are the front of the queue
+                waiting.popleft()
+        else:  # whole prompts
+            while waiting and running + len(joined) < deployment.max_running:
+                request = waiting[0]
+                if joined and prefill_tokens + request.prompt_tokens > deployment.max_prefill_tokens:
+                    break
+                waiting.popleft()
+                request.prefill_start_s = now
+                request.chunks = 1
+                request.prefilled = request.prompt_tokens
+                prefill_tokens += request.prompt_tokens
+                attention += request.prompt_tokens**2
+                joined.append(request)
+        if not running and not prefill_tokens:  # nothing to run until the next arrival
+            if not inbox:
+                break
+            now = max(now, inbox[0][0])
+            continue
+        seconds = physics.iteration_s(now, running, context, prefill_tokens, attention)
+        if noise_sigma > 0:
+            seconds *= float(rng.lognormal(0.0, noise_sigma))
+        end = now + seconds
+        if iterations is not None:
+            iterations.append(Iteration(pool, worker, now, end, running, context, prefill_tokens, attention))
+        ends.append(end)
+        context += running  # each running request's new token joins its context
+        while leaving and leaving[0][0] == here:
+            request = heapq.heappop(leaving)[2]
+            running -= 1
+            context -= request.prompt_tokens + request.output_tokens
+            request.end_s = end
+            request.token_s = ends[request.first_iteration : here + 1]
+        for request in joined:
+            request.prefill_end_s = end
+            if role == "prefill":
+                continue
+            request.first_token_s = end
+            if request.output_tokens > 1:
+                request.decode_start_s = end
+                _start_decoding(request, here + 1, leaving)
+                running += 1
+                context += request.prompt_tokens + 1
+            else:
+                request.end_s = end
+        now = end
+
+
+def _start_decoding(request: Request, iteration: int, leaving: list[tuple[int, int, Request]]) -> None:
+    """`request` emits its second token in `iteration` and one more in each of the following ones."""
+    request.first_iteration = iteration
+    heapq.heappush(leaving, (iteration + request.output_tokens - 2, request.index, request))
