@@ -47,7 +47,9 @@ KV_TRANSFER_FAILURE_REASONS = (
     "unauthorized",  # the shared-secret token is missing or wrong
     "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
 )
-# splitscope_requests_aborted_total{reason}: requests ended before their answer was complete.
+# splitscope_requests_aborted_total{reason}: requests ended before their answer was complete (the router
+# counts each once, wherever the request then lived).
+REQUESTS_ABORTED = "splitscope_requests_aborted"
 ABORT_CLIENT_DISCONNECTED = "client_disconnected"  # the client closed its connection mid-request
 REQUEST_ABORT_REASONS = (ABORT_CLIENT_DISCONNECTED,)
 MODES = tuple(Mode)
@@ -130,9 +132,8 @@ class Catalogue:
         self.tracer_dropped = Counter(
             "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"],
             registry=r)
-        # Counted by the router, once per request, wherever the request then lived (its workers drop it).
         self.requests_aborted = Counter(
-            "splitscope_requests_aborted", "Requests aborted before their answer was complete, by reason",
+            REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason",
             ["reason"], registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
