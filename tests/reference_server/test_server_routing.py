@@ -10,6 +10,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from reference_server.metrics_proxy import StaticCollection, merge_families
 from reference_server.openai_api import ApiError, Limits, parse_chat, parse_completion
 from reference_server.router import Endpoint, least_loaded, sticky
+from tracer.spans import OPERATION_CHAT
 
 
 def _pool(n: int) -> list[Endpoint]:
@@ -140,7 +141,7 @@ def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
     params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
                          "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
     assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
-    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == "chat"
+    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == OPERATION_CHAT
 
 
 @pytest.mark.parametrize(
