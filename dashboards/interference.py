@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
-    ITL_SLO_S, POOL, RATE, default_timeseries, le_matcher, mean_query, new_dashboard, prom_query,
+from tracer.dashboards.common import (
+    DEPLOYMENT, ITL_SLO_S, POOL, RATE, default_timeseries, le_matcher, mean_query, new_dashboard, prom_query,
     quantile_query, with_slo_line,
 )
 
@@ -18,8 +18,8 @@ def build() -> dashboard.Dashboard:
     def mean_step(prefill_in_step: str) -> str:
         matchers = f'{POOL}, prefill_in_step="{prefill_in_step}"'
         return (
-            f"(sum by (pool) (rate({STEP}_sum{{{matchers}}}[{RATE}]))"
-            f" / sum by (pool) (rate({STEP}_count{{{matchers}}}[{RATE}])))"
+            f"(sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{matchers}}}[{RATE}]))"
+            f" / sum by ({DEPLOYMENT}, pool) (rate({STEP}_count{{{matchers}}}[{RATE}])))"
         )
 
     return (
@@ -55,15 +55,15 @@ def build() -> dashboard.Dashboard:
             )
             .min(0).max(1)
             .with_target(prom_query(
-                f'sum by (pool) (rate({STEP}_sum{{{POOL}, prefill_in_step="true"}}[{RATE}]))'
-                f" / sum by (pool) (rate({STEP}_sum{{{POOL}}}[{RATE}]))",
+                f'sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}, prefill_in_step="true"}}[{RATE}]))'
+                f" / sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}}}[{RATE}]))",
                 "{{pool}}",
             ))
         )
         .with_panel(
             default_timeseries("Steps per second", "short", "Engine iterations per second by kind.")
             .with_target(prom_query(
-                f"sum by (pool, prefill_in_step) (rate({STEP}_count{{{POOL}}}[{RATE}]))",
+                f"sum by ({DEPLOYMENT}, pool, prefill_in_step) (rate({STEP}_count{{{POOL}}}[{RATE}]))",
                 "{{pool}} prefill_in_step={{prefill_in_step}}",
             ))
         )
@@ -74,8 +74,8 @@ def build() -> dashboard.Dashboard:
                 "stall is a `splitscope.decode.stall` event in the request's trace.",
             )
             .with_target(prom_query(
-                f"sum by (pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
-                f" - sum by (pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))",
+                f"sum by ({DEPLOYMENT}, pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
+                f" - sum by ({DEPLOYMENT}, pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))",
                 "{{pool}}",
             ))
         )

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, start_http_server
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from tracer.vocabulary import METERED_STAGES, DropReason, Mode, Pool
+from tracer.resource import env_resource_attributes
+from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -35,6 +37,22 @@ TOKEN_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
     0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
+
+# Names the alert rules and dashboards read, as Prometheus stores them (histograms: the family, without
+# `_bucket`/`_sum`/`_count`; counters: with `_total`).
+TTFT_HISTOGRAM = "gen_ai_server_time_to_first_token_seconds"
+ITL_HISTOGRAM = "splitscope_inter_token_latency_seconds"
+STEP_HISTOGRAM = "splitscope_step_duration_seconds"
+STAGE_HISTOGRAM = "splitscope_stage_duration_seconds"
+KV_TRANSFER_FAILURES_COUNTER = "splitscope_kv_transfer_failures_total"
+TRACER_DROPPED_COUNTER = "splitscope_tracer_dropped_records_total"
+WORKER_BUSY_COUNTER = "splitscope_worker_busy_seconds_total"
+POOL_WORKERS_GAUGE = "splitscope_pool_workers"
+REQUESTS_WAITING_GAUGE = "splitscope_requests_waiting"
+
+# Labels of the process, not of the catalogue: every series a process exports carries them.
+NAMESPACE_LABEL = "namespace"
+WORKER_LABEL = "worker"
 
 POOLS = tuple(Pool)
 # splitscope_kv_transfer_failures_total{reason}
@@ -280,10 +298,58 @@ def exemplar(trace_id: int) -> dict[str, str]:
     return {"trace_id": format(trace_id, "032x")}
 
 
-def exposition(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
-    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks."""
+def deployment_namespace() -> str | None:
+    """The deployment this process belongs to: `service.namespace` of OTEL_RESOURCE_ATTRIBUTES, or None.
+
+    It becomes the `namespace` label of every series the process exports (DESIGN 4, 5), which is how alert
+    rules and dashboards tell deployments sharing one Prometheus apart.
+    """
+    namespace = env_resource_attributes().get(RESOURCE_SERVICE_NAMESPACE)
+    return str(namespace) if namespace else None
+
+
+def process_labels(worker: str | None = None) -> dict[str, str]:
+    """Labels every series of this process carries: `namespace` (when set) and `worker` (workers only)."""
+    labels = {}
+    namespace = deployment_namespace()
+    if namespace:
+        labels[NAMESPACE_LABEL] = namespace
+    if worker:
+        labels[WORKER_LABEL] = worker
+    return labels
+
+
+class LabelledCollection:
+    """A registry's families with `labels` added to every sample that lacks them (read at scrape time).
+
+    A series that already has one of the labels (e.g. `splitscope_requests_waiting{worker}`) keeps its own.
+    """
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self._registry = registry
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        extra = self._labels
+        for family in self._registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            # The encoders sort labels, so one dict merge (the series' own values last, so they win) will do.
+            labelled.samples = [
+                Sample(s.name, {**extra, **s.labels}, s.value, s.timestamp, s.exemplar) for s in family.samples
+            ]
+            yield labelled
+
+
+def exposition(registry: CollectorRegistry, accept_header: str | None,
+               labels: dict[str, str] | None = None) -> tuple[bytes, str]:  # fmt: skip
+    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
+
+    `labels` (see `process_labels`) are added to every series. CPU-bound (milliseconds for a worker's
+    catalogue): call it off an event loop that serves requests (`asyncio.to_thread`).
+    """
     encoder, content_type = choose_encoder(accept_header or "")
-    return encoder(registry), content_type
+    source = LabelledCollection(registry, labels) if labels else registry
+    return encoder(source), content_type
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):

@@ -1,4 +1,4 @@
-"""dashboards.catalogue: every metric a dashboard or rule reads is in DESIGN section 5 and in the tracer's
+"""tracer.dashboards.catalogue: every metric a dashboard or rule reads is in DESIGN section 5 and in the tracer's
 real exposition."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dashboards.catalogue import family_name, referenced_metrics, selector_names
+from tracer.dashboards.catalogue import family_name, referenced_metrics, selector_names
 
 # DESIGN section 5, as data: name -> (type, labels).
 DESIGN_CATALOGUE = {

@@ -8,6 +8,9 @@ The stack, shared by the module (real processes, real sockets, real HTTP):
 - a colocated reference server (`tiny`, 1 worker) recording its own metrics, so a colocated pool has steps
   with and without prefill (the interference panels);
 - a Prometheus scraping the two routers and the sidecar every second, with the committed rules.
+
+The two servers are two deployments (`--namespace`), as two teams sharing one Prometheus: every series a
+server exports carries its namespace and every worker's its `worker`, and the rules keep them apart.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from alerts.rules import RULES_PATH
-from dashboards.catalogue import (
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.catalogue import (
     dashboard_queries,
     grafana_to_promql,
     referenced_metrics,
@@ -37,6 +40,7 @@ from tracer.load import LengthSpec, LoadConfig
 from tracer.sidecar.server import Sidecar, SidecarConfig
 
 PRESET = "tiny"
+NAMESPACES = {"disaggregated": "team-disagg", "colocated": "team-coloc"}
 LOAD_S = 6.0
 PANEL_WAIT_S = 60.0
 
@@ -82,10 +86,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sidecar.start()
     disaggregated = ServerProcess(
         ["--preset", PRESET, "--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1",
-         "--sidecar-socket", socket_path], log_path=work / "disaggregated.log",
+         "--sidecar-socket", socket_path, "--namespace", NAMESPACES["disaggregated"]],
+        log_path=work / "disaggregated.log",
     )  # fmt: skip
-    colocated = ServerProcess(["--preset", PRESET, "--mode", "colocated", "--workers", "1"],
-                              log_path=work / "colocated.log")  # fmt: skip
+    colocated = ServerProcess(["--preset", PRESET, "--mode", "colocated", "--workers", "1",
+                               "--namespace", NAMESPACES["colocated"]], log_path=work / "colocated.log")  # fmt: skip
     try:
         with ThreadPoolExecutor(2) as pool:  # both import torch and build a model: start them side by side
             for started in [pool.submit(s.start) for s in (disaggregated, colocated)]:
@@ -149,7 +154,23 @@ def test_committed_rules_evaluate_cleanly_on_live_data(stack: Stack) -> None:
     unhealthy = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
     assert unhealthy == []
     # Recording rules that join several families have values on real data.
-    for record in ("cluster:splitscope_kv_transfer:ttft_share5m", "pool:splitscope_worker_busy:ratio5m",
+    for record in ("deployment:splitscope_kv_transfer:ttft_share5m", "pool:splitscope_worker_busy:ratio5m",
                    "pool:splitscope_step_duration_seconds:prefill_time_share5m"):  # fmt: skip
         assert finite_values(stack.prom.query(record)), f"{record} has no value"
     assert "TelemetryAbsent" not in {a["labels"]["alertname"] for a in stack.prom.alerts()}
+    # Each deployment's pools are judged on their own: one busy ratio per (namespace, pool), none over 1.
+    busy = stack.prom.query("pool:splitscope_worker_busy:ratio5m")
+    pools = {(s["metric"].get("namespace"), s["metric"]["pool"]) for s in busy}
+    assert pools == {("team-disagg", "prefill"), ("team-disagg", "decode"), ("team-coloc", "colocated")}
+    assert all(0 <= v <= 1 for v in finite_values(busy)), busy
+
+
+def test_every_worker_series_keeps_its_worker_and_namespace(stack: Stack) -> None:
+    """Nothing is summed across processes: Prometheus stores each worker's series apart. (The sidecar's
+    span-derived series are the sidecar's own and are left out here.)"""
+    sidecar = f"127.0.0.1:{stack.sidecar.http_port}"
+    steps = stack.prom.query(f'splitscope_step_duration_seconds_count{{instance!="{sidecar}"}}')
+    labelled = {(s["metric"].get("namespace"), s["metric"]["pool"], s["metric"].get("worker")) for s in steps}
+    assert {("team-disagg", "prefill", "prefill-0"), ("team-disagg", "decode", "decode-0"),
+            ("team-coloc", "colocated", "colocated-0")} <= labelled  # fmt: skip
+    assert all(worker for _, _, worker in labelled), labelled

@@ -60,3 +60,26 @@ def test_hysteresis_needs_a_strict_majority_of_windows_to_change_layout():
     deployed = Layout("disaggregated", prefill_workers=1, decode_workers=3)
     kept = combine_windows(deployed, [_d("rebalance", "2:2"), _d("split", "1:3", changes=False)])
     assert (kept.verdict, kept.ratio) == ("split", "1:3")
+
+
+def test_transfers_without_their_size_still_count_in_ttft_but_not_in_the_link_fit(tmp_path):
+    """Engine adapters derive kv_transfer spans from timing alone (vLLM P/D, SGLang): no bytes on them."""
+    import json
+
+    from tracer import spans as s
+    from tracer.report.load import load_traces
+
+    sc = scenario("wrong-split", n_requests=60)
+    full, sizeless = tmp_path / "full.jsonl", tmp_path / "sizeless.jsonl"
+    write_traces(full, sc.layout, sc.workload, sc.costs)
+    with open(full) as source, open(sizeless, "w") as out:
+        for line in source:
+            request = json.loads(line)
+            for resource_spans in request["resourceSpans"]:
+                for scope_spans in resource_spans["scopeSpans"]:
+                    for span in scope_spans["spans"]:
+                        span["attributes"] = [a for a in span["attributes"] if a["key"] != s.ATTR_KV_BYTES]
+            out.write(json.dumps(request) + "\n")
+    with_size, without = load_traces([full]), load_traces([sizeless])
+    assert len(with_size.transfers.kv_bytes) == 60 and len(without.transfers.kv_bytes) == 0
+    assert without.requests.ttft_s == pytest.approx(with_size.requests.ttft_s)

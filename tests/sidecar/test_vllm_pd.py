@@ -110,3 +110,27 @@ def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_
     assert len(spans) == 7  # llm_request, its 3 derived stages, 3 lifecycle spans
     assert sorted(x.name for x in spans if x.name.startswith("splitscope.")) == sorted([s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE])
     assert sidecar.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}) == 1
+
+
+def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):
+    from tracer.otel import encode_line, make_resource, to_readable_span
+    from tracer.report.load import load_traces
+
+    p = _llm_request(0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046,
+                     prompt=2000, completion=1, max_tokens=1)  # fmt: skip
+    d = _llm_request(0x20, T0 + 50 * MS, queue=0.030, prefill=0.005, decode=0.500, ttft=0.036, e2e=0.537,
+                     prompt=2000, completion=64, max_tokens=64)  # fmt: skip
+    spans = [p, *vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p),
+             d, *vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d)]  # fmt: skip
+    path = tmp_path / "pd.jsonl"
+    resource = make_resource("vllm")
+    path.write_bytes(encode_line([to_readable_span(x, resource) for x in spans]))
+
+    data = load_traces([path])  # the derived transfer has no size: it loads, and counts in TTFT
+    table = data.requests
+    assert len(table.arrival_ns) == 1
+    assert table.arrival_ns[0] == T0 and table.end_ns[0] == T0 + 587 * MS  # the client's whole request
+    assert table.output_tokens[0] == 64  # the decode half's tokens, not the prefill half's one
+    assert table.ttft_s[0] == 0.086  # reached the decode instance 50 ms in, its first token 36 ms later
+    assert list(table.mode) == ["disaggregated"]
+    assert len(data.transfers.kv_bytes) == 0

@@ -17,12 +17,20 @@ from typing import Any
 
 import numpy as np
 
-from tracer import vocabulary
-from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
-from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, Span, TraceFileError, iter_spans
+from tracer import spans as s
+from tracer.sidecar import vllm
+from tracer.traces import (
+    SPAN_KIND_SERVER,
+    STATUS_ERROR,
+    ReadStats,
+    Span,
+    TraceFileError,
+    iter_spans,
+)
+from tracer.vocabulary import Mode, Pool
 
-ROOT_PREFIXES = (vocabulary.ROOT_SPAN_PREFIX, vocabulary.CHAT_SPAN_PREFIX + " ")  # "text_completion {model}", "chat {model}"
-VLLM_REQUEST_SPAN = "llm_request"
+ROOT_PREFIXES = (s.ROOT_SPAN_PREFIX, s.CHAT_SPAN_PREFIX)  # "text_completion {model}", "chat {model}"
+VLLM_REQUEST_SPAN = vllm.SPAN_NAME
 
 
 @dataclass(frozen=True)
@@ -38,14 +46,13 @@ class _RequestKeys:
 
 
 _OUR_REQUEST_KEYS = _RequestKeys(
-    "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "splitscope.ttft_s",
-    ("splitscope.itl_p99_s", "splitscope.itl_max_s", "splitscope.itl_mean_s"), "",
+    s.ATTR_INPUT_TOKENS, s.ATTR_OUTPUT_TOKENS, s.ATTR_TTFT_S,
+    (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S), "",
 )  # fmt: skip
 _VLLM_REQUEST_KEYS = _RequestKeys(
-    "gen_ai.usage.prompt_tokens", "gen_ai.usage.completion_tokens", "gen_ai.latency.time_to_first_token",
-    ("", "", ""), "colocated",
+    vllm.ATTR_PROMPT_TOKENS, vllm.ATTR_COMPLETION_TOKENS, vllm.ATTR_TTFT, ("", "", ""), Mode.COLOCATED,
 )  # fmt: skip
-POOLS = ("colocated", "prefill", "decode")
+POOLS = tuple(Pool)
 
 
 class TraceDataError(ValueError):
@@ -246,17 +253,17 @@ def _take(
     where: str,
 ) -> None:
     name = span.name
-    if name == "splitscope.step":
+    if name == s.SPAN_STEP:
         pool, worker = _pool_worker(span, where, workers)
         row = (
             span.start_ns,
             (span.end_ns - span.start_ns) / 1e9,
             pool,
             worker,
-            int(_number(span, "splitscope.step.decode_requests", where)),
-            int(_number(span, "splitscope.step.prefill_tokens", where)),
-            int(_number(span, "splitscope.step.context_tokens", where)),
-            _number(span, ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False),
+            int(_number(span, s.ATTR_STEP_DECODE_REQUESTS, where)),
+            int(_number(span, s.ATTR_STEP_PREFILL_TOKENS, where)),
+            int(_number(span, s.ATTR_STEP_CONTEXT_TOKENS, where)),
+            _number(span, s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False),
         )
         for column, value in zip(steps, row):
             column.append(value)
@@ -270,52 +277,71 @@ def _take(
         keys = _VLLM_REQUEST_KEYS
     if keys is not None:
         attrs = span.attributes
-        model = attrs.get("gen_ai.request.model") or attrs.get("gen_ai.response.model")
+        model = attrs.get(s.ATTR_MODEL) or attrs.get(vllm.ATTR_RESPONSE_MODEL)
         if isinstance(model, str):
             models.add(model)
-        _request(requests, span).root = (
+        request = _request(requests, span)
+        root = (
             span.start_ns,
             span.end_ns,
             int(_number(span, keys.input_tokens, where)),
             int(_number(span, keys.output_tokens, where)),
-            span.status_code == STATUS_ERROR or "error.type" in attrs,
+            span.status_code == STATUS_ERROR or s.ATTR_ERROR_TYPE in attrs,
             _number(span, keys.ttft_s, where, False),
             *(_number(span, key, where, False) if key else _NAN for key in keys.itl_p99_max_mean_s),
-            str(attrs.get("splitscope.mode", keys.default_mode)),
+            str(attrs.get(s.ATTR_MODE, keys.default_mode)),
         )
+        if keys is _VLLM_REQUEST_KEYS and request.root is not None:
+            root = _join_disaggregated_halves(request.root, root)
+        request.root = root
         return
     if not name.startswith("splitscope."):
         return
-    if name == "splitscope.queue":
+    if name == s.SPAN_QUEUE:
         _request(requests, span).queue = span.duration_s
-    elif name == "splitscope.prefill":
+    elif name == s.SPAN_PREFILL:
         _, worker = _pool_worker(span, where, workers)
         _request(requests, span).prefill = (
             span.start_ns,
             span.end_ns,
-            int(_number(span, "splitscope.prefill.tokens", where)),
-            int(span.attributes.get("splitscope.prefill.cached_tokens") or 0),  # absent: no prefix cache
+            int(_number(span, s.ATTR_PREFILL_TOKENS, where)),
+            int(span.attributes.get(s.ATTR_PREFILL_CACHED_TOKENS) or 0),  # absent: no prefix cache
             worker,
         )
-    elif name == "splitscope.kv_transfer":
-        _request(requests, span).transfer = (span.duration_s, int(_number(span, "splitscope.kv.bytes", where)))
-    elif name == "splitscope.kv_transfer.send":
+    elif name == s.SPAN_KV_TRANSFER:
+        # Bytes are optional: transfers an engine adapter derives (vLLM P/D, SGLang) carry only their time.
+        _request(requests, span).transfer = (span.duration_s, _number(span, s.ATTR_KV_BYTES, where, False))
+    elif name == s.SPAN_KV_SEND:
         _request(requests, span).send = span.duration_s
-    elif name == "splitscope.decode":
+    elif name == s.SPAN_DECODE:
         _, worker = _pool_worker(span, where, workers)
         _request(requests, span).decode = (
             span.start_ns,
             span.end_ns,
             worker,
-            _number(span, "splitscope.decode.itl_p50_s", where, False),
-            _number(span, "splitscope.decode.itl_p99_s", where, False),
-            _number(span, "splitscope.decode.itl_max_s", where, False),
+            _number(span, s.ATTR_DECODE_ITL_P50_S, where, False),
+            _number(span, s.ATTR_DECODE_ITL_P99_S, where, False),
+            _number(span, s.ATTR_DECODE_ITL_MAX_S, where, False),
         )
+
+
+def _join_disaggregated_halves(one: tuple, other: tuple) -> tuple:
+    """vLLM behind a P/D proxy: each instance emits its own `llm_request` in the request's trace, the
+    prefill instance's with one output token. The request the client saw arrived with the prefill half,
+    got its first streamed token from the decode half (its arrival + its TTFT) and ended with it."""
+    prefill, decode = sorted((one, other), key=lambda root: root[0])
+    start_ns = prefill[0]
+    decode_ttft_s = decode[5]
+    ttft_s = (decode[0] - start_ns) / 1e9 + decode_ttft_s if not np.isnan(decode_ttft_s) else prefill[5]
+    return (
+        start_ns, max(prefill[1], decode[1]), max(prefill[2], decode[2]), decode[3], prefill[4] or decode[4],
+        ttft_s, *decode[6:9], Mode.DISAGGREGATED,
+    )  # fmt: skip
 
 
 def _pool_worker(span: Span, where: str, workers: dict[str, set[str]]) -> tuple[str, str]:
     """The span's (pool, worker), recorded as part of the observed layout."""
-    pool, worker = _text(span, "splitscope.pool", where), _text(span, "splitscope.worker", where)
+    pool, worker = _text(span, s.ATTR_POOL, where), _text(span, s.ATTR_WORKER, where)
     workers.setdefault(pool, set()).add(worker)
     return pool, worker
 
@@ -385,7 +411,8 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
 
 
 def _transfer_table(requests: dict[str, _Request]) -> TransferTable:
-    rows = [r for r in requests.values() if r.transfer is not None]
+    # Only transfers with their size measure the link; the others still count in their request's TTFT.
+    rows = [r for r in requests.values() if r.transfer is not None and not np.isnan(r.transfer[1])]
     kv_bytes = np.array([r.transfer[1] for r in rows], dtype=float)  # type: ignore[index]
     exposed = np.array([r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]
     wire = np.array([r.send if not np.isnan(r.send) else r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]

@@ -21,7 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from tracer.report.simulate import Costs, EngineParams, Layout, SimResult, StepCosts, TransferCosts, Workload, simulate
+from tracer import spans as s
+from tracer.report.simulate import (
+    Costs,
+    EngineParams,
+    Layout,
+    SimResult,
+    StepCosts,
+    TransferCosts,
+    Workload,
+    simulate,
+)
 from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
 from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
@@ -205,16 +215,16 @@ def _lines(
                 start = log.start_s[i]
                 batch.setdefault(worker, []).append(
                     span_dict(
-                        trace_id=trace_ids[worker], span_id=ids.span(), parent_span_id="", name="splitscope.step",
+                        trace_id=trace_ids[worker], span_id=ids.span(), parent_span_id="", name=s.SPAN_STEP,
                         kind=SPAN_KIND_INTERNAL, start_ns=_ns(start), end_ns=_ns(start + log.duration_s[i]),
                         attributes={
-                            "splitscope.pool": pool,
-                            "splitscope.worker": f"{pool}-{worker}",
-                            "splitscope.step.decode_requests": log.decode_requests[i],
-                            "splitscope.step.prefill_tokens": log.prefill_tokens[i],
-                            "splitscope.step.context_tokens": log.context_tokens[i],
+                            s.ATTR_POOL: pool,
+                            s.ATTR_WORKER: f"{pool}-{worker}",
+                            s.ATTR_STEP_DECODE_REQUESTS: log.decode_requests[i],
+                            s.ATTR_STEP_PREFILL_TOKENS: log.prefill_tokens[i],
+                            s.ATTR_STEP_CONTEXT_TOKENS: log.context_tokens[i],
                             ATTR_STEP_PREFILL_ATTENTION_TOKENS2: log.prefill_attention_tokens2[i],
-                            "splitscope.timing.source": "cuda",
+                            s.ATTR_TIMING_SOURCE: "cuda",
                         },
                     )
                 )
@@ -269,47 +279,47 @@ def _request_spans(
         )
 
     spans: list[tuple[Any, dict[str, Any]]] = []
-    spans.append((p_key, child("splitscope.queue", tl["arrival_s"][r], tl["prefill_start_s"][r], {"splitscope.pool": prefill_pool, "splitscope.worker": p_name})))
+    spans.append((p_key, child(s.SPAN_QUEUE, tl["arrival_s"][r], tl["prefill_start_s"][r], {s.ATTR_POOL: prefill_pool, s.ATTR_WORKER: p_name})))
     spans.append(
-        (p_key, child("splitscope.prefill", tl["prefill_start_s"][r], tl["prefill_end_s"][r], {
-            "splitscope.pool": prefill_pool, "splitscope.worker": p_name, "splitscope.timing.source": "cuda",
-            "splitscope.prefill.tokens": prompt, "splitscope.prefill.cached_tokens": cached,
-            "splitscope.prefill.chunks": int(tl["prefill_chunks"][r]),
+        (p_key, child(s.SPAN_PREFILL, tl["prefill_start_s"][r], tl["prefill_end_s"][r], {
+            s.ATTR_POOL: prefill_pool, s.ATTR_WORKER: p_name, s.ATTR_TIMING_SOURCE: "cuda",
+            s.ATTR_PREFILL_TOKENS: prompt, s.ATTR_PREFILL_CACHED_TOKENS: cached,
+            s.ATTR_PREFILL_CHUNKS: int(tl["prefill_chunks"][r]),
         }))
     )
     if layout.mode == "disaggregated":
         kv_bytes = int(prompt * costs.transfer.kv_bytes_per_token)
         kv = {
-            "splitscope.kv.bytes": kv_bytes, "splitscope.kv.blocks": -(-prompt // KV_BLOCK_TOKENS),
-            "splitscope.kv.block_tokens": KV_BLOCK_TOKENS, "splitscope.kv.streams": 4,
-            "splitscope.kv.src": p_name, "splitscope.kv.dst": d_name, "splitscope.clock.offset_ns": 0,
+            s.ATTR_KV_BYTES: kv_bytes, s.ATTR_KV_BLOCKS: -(-prompt // KV_BLOCK_TOKENS),
+            s.ATTR_KV_BLOCK_TOKENS: KV_BLOCK_TOKENS, s.ATTR_KV_STREAMS: 4,
+            s.ATTR_KV_SRC: p_name, s.ATTR_KV_DST: d_name, s.ATTR_CLOCK_OFFSET_NS: 0,
         }
         start, end = float(tl["prefill_end_s"][r]), float(tl["transfer_end_s"][r])
-        parent = child("splitscope.kv_transfer", start, end, kv)
+        parent = child(s.SPAN_KV_TRANSFER, start, end, kv)
         spans.append((p_key, parent))
-        spans.append((p_key, child("splitscope.kv_transfer.send", float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
-        spans.append((d_key, child("splitscope.kv_transfer.recv", float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
+        spans.append((p_key, child(s.SPAN_KV_SEND, float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
+        spans.append((d_key, child(s.SPAN_KV_RECV, float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
     decode_attrs: dict[str, Any] = {
-        "splitscope.pool": decode_pool, "splitscope.worker": d_name, "splitscope.timing.source": "cuda",
-        "gen_ai.usage.output_tokens": output,
+        s.ATTR_POOL: decode_pool, s.ATTR_WORKER: d_name, s.ATTR_TIMING_SOURCE: "cuda",
+        s.ATTR_OUTPUT_TOKENS: output,
     }
     root_attrs: dict[str, Any] = {
-        "gen_ai.operation.name": "text_completion", "gen_ai.request.model": options.model,
-        "gen_ai.usage.input_tokens": prompt, "gen_ai.usage.output_tokens": output,
-        "splitscope.request.id": f"req-{r}", "splitscope.mode": layout.mode,
-        "splitscope.ttft_s": float(result.ttft_s[r]),
+        s.ATTR_OPERATION: "text_completion", s.ATTR_MODEL: options.model,
+        s.ATTR_INPUT_TOKENS: prompt, s.ATTR_OUTPUT_TOKENS: output,
+        s.ATTR_REQUEST_ID: f"req-{r}", s.ATTR_MODE: layout.mode,
+        s.ATTR_TTFT_S: float(result.ttft_s[r]),
     }
     events = []
     if options.include_itl and len(gaps):
         stall_s = 2.0 * float(result.itl_p50_s[r])
         stalls = np.flatnonzero(gaps > stall_s)
         decode_attrs.update({
-            "splitscope.decode.itl_p50_s": float(result.itl_p50_s[r]), "splitscope.decode.itl_p99_s": float(result.itl_p99_s[r]),
-            "splitscope.decode.itl_max_s": float(result.itl_max_s[r]), "splitscope.decode.stalls": len(stalls),
+            s.ATTR_DECODE_ITL_P50_S: float(result.itl_p50_s[r]), s.ATTR_DECODE_ITL_P99_S: float(result.itl_p99_s[r]),
+            s.ATTR_DECODE_ITL_MAX_S: float(result.itl_max_s[r]), s.ATTR_DECODE_STALLS: len(stalls),
         })
         root_attrs.update({
-            "splitscope.itl_p99_s": float(result.itl_p99_s[r]), "splitscope.itl_max_s": float(result.itl_max_s[r]),
-            "splitscope.itl_mean_s": float(result.itl_mean_s[r]),
+            s.ATTR_ITL_P99_S: float(result.itl_p99_s[r]), s.ATTR_ITL_MAX_S: float(result.itl_max_s[r]),
+            s.ATTR_ITL_MEAN_S: float(result.itl_mean_s[r]),
         })
         token_times = float(tl["first_token_s"][r]) + np.cumsum(gaps)
         ends, prefill_tokens = step_lookup[d_worker]
@@ -317,9 +327,9 @@ def _request_spans(
         for i in stalls[:_MAX_STALL_EVENTS]:
             # The gap ends with the step that produced the token; its prefill tokens caused the stall.
             step = min(int(np.searchsorted(ends, token_times[i] - 1e-9)), len(ends) - 1)
-            events.append(("splitscope.decode.stall", _ns(token_times[i]), {"gap_s": float(gaps[i]), "prefill_tokens": int(prefill_tokens[step])}))
+            events.append((s.EVENT_DECODE_STALL, _ns(token_times[i]), {"gap_s": float(gaps[i]), "prefill_tokens": int(prefill_tokens[step])}))
     if output > 1:
-        spans.append((d_key, child("splitscope.decode", float(tl["decode_start_s"][r]), float(tl["end_s"][r]), decode_attrs, events=events)))
+        spans.append((d_key, child(s.SPAN_DECODE, float(tl["decode_start_s"][r]), float(tl["end_s"][r]), decode_attrs, events=events)))
     root = span_dict(
         trace_id=trace_id, span_id=root_id, parent_span_id="", name=f"text_completion {options.model}", kind=SPAN_KIND_SERVER,
         start_ns=_ns(tl["arrival_s"][r]), end_ns=_ns(tl["end_s"][r]), attributes=root_attrs,
