@@ -26,7 +26,7 @@ _SPANS_PER_REQUEST = 55  # colocated x4, prompts 800-1600, outputs 50-150 at 6 r
 _CHILD = r"""
 import json, resource, sys, time
 from tracer.report.build import ReportOptions, report_from_data
-from tracer.report.load import load_traces
+from tracer.report.tables import load_traces
 from tracer.report.render import headline, render
 from tracer.report.simulate import SLO
 started = time.perf_counter()

@@ -27,8 +27,15 @@ from rich.table import Table
 
 from reference_server.launch import ServeConfig
 from reference_server.process import ServerProcess
-from tracer.load import SLO as LoadSLO
-from tracer.load import BurstSpec, LengthSpec, LoadConfig, LoadResult, RunProgress, run_load_sync
+from tracer.load import (
+    BurstSpec,
+    ClientSLO,
+    LengthSpec,
+    LoadConfig,
+    LoadResult,
+    RunProgress,
+    run_load_sync,
+)
 from tracer.load.display import LiveView
 from tracer.report.build import Report, ReportOptions, build_report
 from tracer.report.render import headline, render
@@ -64,7 +71,7 @@ def _load_config(url: str, model: str, workload: Workload, slo: SLO) -> LoadConf
         prompt=LengthSpec(workload.prompt_tokens),
         output=LengthSpec(workload.output_tokens),
         burst=BurstSpec(workload.burst_every_s, workload.burst_count, workload.burst_prompt_tokens),
-        slo=LoadSLO(ttft_s=slo.ttft_s, itl_s=slo.itl_s),
+        slo=ClientSLO(ttft_s=slo.ttft_s, itl_s=slo.itl_s),
         seed=workload.seed,
         timeout_s=120.0,
     )

@@ -21,7 +21,7 @@ from tracer.report.decide import Decision, candidate_layouts, combine_windows, d
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.load import RequestTable, TraceData, load_traces
+from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
 from tracer.vocabulary import Verdict
 
