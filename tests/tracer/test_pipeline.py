@@ -142,7 +142,9 @@ def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
         worker.tracer.step(t, t + (80 if i % 2 else 20) * MS, 4, 2000 if i % 2 else 0, 1000)
     worker.shutdown(1.0)
     steps = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP]
-    assert len(steps) == 3
+    # Stratified: all 4 steps with prefill tokens (weight 1), 1 in 3 of the 5 decode-only ones (weight 3).
+    weights = sorted((span.attributes[s.ATTR_STEP_PREFILL_TOKENS] > 0, span.attributes[s.ATTR_SAMPLE_WEIGHT]) for span in steps)
+    assert weights == [(False, 3), (False, 3), (True, 1), (True, 1), (True, 1), (True, 1)]
     assert len({span.context.trace_id for span in steps}) == 1  # one trace per worker window
     with_prefill = {"pool": "colocated", "prefill_in_step": "true"}
     without = {"pool": "colocated", "prefill_in_step": "false"}
