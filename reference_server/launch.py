@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import click
 
 from reference_server.ready_line import parse_ready_line
+from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 
 log = logging.getLogger("reference_server.launch")
 
@@ -279,7 +280,8 @@ def _url_host(host: str) -> str:
 @click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
 @click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
-@click.option("--step-sample", type=int, default=1, show_default=True, help="keep one step span in N")
+@click.option("--step-sample", type=click.IntRange(min=1), default=DEFAULT_DECODE_SAMPLE_EVERY, show_default=True,
+              help="export 1 in N decode-only step spans (weighted); steps with prefill tokens are all kept up to a budget")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
 @click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
 @click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
