@@ -52,6 +52,7 @@ class ServeConfig:
     seed: int = 0
     max_batch: int = 16
     kv_blocks: int = 0
+    kv_wait_s: float = 5.0
     startup_timeout_s: float = 300.0
 
     def roles(self) -> list[tuple[str, str]]:
@@ -78,6 +79,8 @@ class ServeConfig:
                 raise ValueError(f"{flag} must be at least 1 (got {value})")
         if self.chunk_budget <= self.max_batch:
             raise ValueError(f"--chunk-budget ({self.chunk_budget}) must exceed --max-batch ({self.max_batch})")
+        if not 0 <= self.kv_wait_s <= 60:
+            raise ValueError(f"--kv-wait-s must be in [0, 60] seconds, got {self.kv_wait_s}")
         if self.kv_blocks < 0:
             raise ValueError(f"--kv-blocks must be >= 0 (0 = automatic), got {self.kv_blocks}")
         try:
@@ -108,7 +111,7 @@ def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> l
         "--block-size", str(config.block_size), "--kv-blocks", str(config.kv_blocks),
         "--max-batch", str(config.max_batch), "--token-budget", str(config.chunk_budget),
         "--kv-streams", str(config.kv_streams), "--seed", str(config.seed),
-        "--step-sample", str(config.step_sample), "--threads", str(threads),
+        "--step-sample", str(config.step_sample), "--threads", str(threads), "--kv-wait-s", str(config.kv_wait_s),
     ]  # fmt: skip
     if config.traces_file:
         command += ["--traces-file", config.traces_file]
@@ -287,6 +290,8 @@ def _url_host(host: str) -> str:
 @click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
 @click.option("--max-batch", type=int, default=16, show_default=True, help="sequences per engine step")
 @click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
+@click.option("--kv-wait-s", type=float, default=5.0, show_default=True,
+              help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)")
 def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
                   **options: object) -> None:  # fmt: skip
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""

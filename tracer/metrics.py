@@ -38,14 +38,18 @@ TOKEN_BUCKETS_S = (
 
 POOLS = tuple(Pool)
 # splitscope_kv_transfer_failures_total{reason}
+KV_FAILURE_REFUSED = "refused"
 KV_TRANSFER_FAILURE_REASONS = (
     "checksum",  # bytes arrived but do not match the sender's checksum
     "connection",  # a connection could not be made, or dropped mid-transfer
     "timeout",  # a socket operation or the whole transfer ran past its deadline
-    "refused",  # the receiver is out of blocks, connections or transfer slots, or rejected the result
+    KV_FAILURE_REFUSED,  # the receiver is out of blocks, connections or transfer slots, or rejected the result
     "unauthorized",  # the shared-secret token is missing or wrong
     "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
 )
+# splitscope_requests_aborted_total{reason}: requests ended before their answer was complete.
+ABORT_CLIENT_DISCONNECTED = "client_disconnected"  # the client closed its connection mid-request
+REQUEST_ABORT_REASONS = (ABORT_CLIENT_DISCONNECTED,)
 MODES = tuple(Mode)
 # Tokens one engine step processed (prefill and decode together): 1 .. 16k, doubling.
 STEP_TOKEN_BUCKETS = tuple(float(2**i) for i in range(15))
@@ -126,6 +130,10 @@ class Catalogue:
         self.tracer_dropped = Counter(
             "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"],
             registry=r)
+        # Counted by the router, once per request, wherever the request then lived (its workers drop it).
+        self.requests_aborted = Counter(
+            "splitscope_requests_aborted", "Requests aborted before their answer was complete, by reason",
+            ["reason"], registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         self.step_tokens = Histogram(
@@ -142,6 +150,8 @@ class Catalogue:
             self.tracer_dropped.labels(reason=drop_reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
+        for reason in REQUEST_ABORT_REASONS:
+            self.requests_aborted.labels(reason=reason)
 
     def bind(self, pool: str, worker: str) -> WorkerMetrics:
         """The label children of one worker, created once."""

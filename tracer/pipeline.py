@@ -158,7 +158,7 @@ class SpanBuilder:
     def request(self, record: RequestRecord, interval: Interval) -> s.SpanData:
         gaps = sorted(record.token_gap_s) if record.token_gap_s is not None else []
         attrs: dict[str, Any] = {
-            s.ATTR_OPERATION: "text_completion", s.ATTR_MODEL: record.model,
+            s.ATTR_OPERATION: record.operation, s.ATTR_MODEL: record.model,
             s.ATTR_INPUT_TOKENS: record.input_tokens, s.ATTR_OUTPUT_TOKENS: record.output_tokens,
             s.ATTR_REQUEST_ID: record.request_id, s.ATTR_MODE: record.mode,
         }  # fmt: skip
@@ -170,7 +170,7 @@ class SpanBuilder:
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
             attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
         return s.SpanData(
-            name=f"{s.ROOT_SPAN_PREFIX} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
+            name=f"{record.operation} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
             span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
             end_ns=interval.end_wall_ns, attributes=attrs, error_type=record.error_type,
         )  # fmt: skip

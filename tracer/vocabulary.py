@@ -77,6 +77,10 @@ class DropReason(StrEnum):
 
 ROOT_SPAN_PREFIX = "text_completion"  # the router's root span: "text_completion {model}"
 CHAT_SPAN_PREFIX = "chat"  # the router's root span for chat completions: "chat {model}"
+# `gen_ai.operation.name` of the root span, which is also its name's prefix ("{operation} {model}").
+OPERATION_TEXT_COMPLETION = ROOT_SPAN_PREFIX
+OPERATION_CHAT = CHAT_SPAN_PREFIX
+ROOT_SPAN_PREFIXES = (ROOT_SPAN_PREFIX, CHAT_SPAN_PREFIX)
 SPAN_QUEUE = "splitscope.queue"
 SPAN_PREFILL = "splitscope.prefill"
 SPAN_KV_TRANSFER = "splitscope.kv_transfer"

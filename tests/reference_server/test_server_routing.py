@@ -8,7 +8,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from reference_server.metrics_proxy import StaticCollection, merge_families
-from reference_server.openai_api import ApiError, Limits, parse_completion
+from reference_server.openai_api import ApiError, Limits, parse_chat, parse_completion
 from reference_server.router import Endpoint, least_loaded, sticky
 
 
@@ -90,13 +90,76 @@ def test_parse_completion_reads_the_openai_fields():
         ({"model": "tiny", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature"),
         ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
-        ({"model": "tiny", "prompt": "x", "stop": ["\n"]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": [""]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": 7}, "stop"),
+        ({"model": "tiny", "prompt": "x", "top_p": 0}, "top_p"),
+        ({"model": "tiny", "prompt": "x", "top_p": 1.5}, "top_p"),
         ({"model": "tiny", "prompt": "x", "user": 5}, "user"),
+        # Sampling fields this server does not implement are refused, never silently ignored.
+        ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "tiny", "prompt": "x", "frequency_penalty": -1}, "frequency_penalty"),
+        ({"model": "tiny", "prompt": "x", "logit_bias": {"65": 10}}, "logit_bias"),
+        ({"model": "tiny", "prompt": "x", "best_of": 2}, "best_of"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 1}, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 0}, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "tiny", "prompt": "x", "top_k": 5}, "top_k"),
     ],
 )
 def test_parse_completion_names_the_bad_field(body, param):
     with pytest.raises(ApiError) as caught:
         parse_completion(body, LIMITS)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted():
+    params = parse_completion({"model": "tiny", "prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
+                               "logit_bias": {}, "best_of": 1, "echo": False, "top_k": -1}, LIMITS)  # fmt: skip
+    assert params.top_p == 1.0 and params.stop == ()
+
+
+def test_parse_completion_reads_stop_and_top_p():
+    params = parse_completion({"model": "tiny", "prompt": "x", "stop": "\n\n", "top_p": 0.9}, LIMITS)
+    assert params.stop == ("\n\n",) and params.top_p == 0.9
+    assert parse_completion({"model": "tiny", "prompt": "x", "stop": ["a", "bc", "a"]}, LIMITS).stop == ("a", "bc")
+
+
+def test_an_unknown_model_is_404_model_not_found():
+    with pytest.raises(ApiError) as caught:
+        parse_completion({"model": "gpt-4", "prompt": "x"}, LIMITS)
+    assert caught.value.status == 404 and caught.value.code == "model_not_found" and "gpt-4" in caught.value.message
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, LIMITS)
+    assert caught.value.status == 404
+
+
+def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+    params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
+                         "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
+    assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
+    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == "chat"
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ],
+)
+def test_parse_chat_names_the_bad_field(body, param):
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"model": "tiny", **body}, LIMITS)
     assert caught.value.status == 400 and caught.value.param == param
 
 

@@ -42,7 +42,7 @@ LINE_MAX_SPANS = 4096
 
 
 def is_ours(span: s.SpanData) -> bool:
-    return span.name.startswith("splitscope.") or span.name.startswith(s.ROOT_SPAN_PREFIX + " ")
+    return span.name.startswith("splitscope.") or span.name.startswith(tuple(prefix + " " for prefix in s.ROOT_SPAN_PREFIXES))
 
 
 class SpanExport:
