@@ -35,6 +35,7 @@ from tracer.records import (
     StageRecord,
     StepRecord,
 )
+from tracer.slo_outcome import RequestSlo
 from tracer.step_sampling import StepSampler
 from tracer.timing import SOURCE_HOST, Clock, Interval, perf_counter_ns
 from tracer.vocabulary import DropReason
@@ -97,14 +98,16 @@ class SpanBuilder:
 
     def __init__(
         self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1,
-        step_sampler: StepSampler | None = None,
+        step_sampler: StepSampler | None = None, slo: RequestSlo | None = None,
     ) -> None:  # fmt: skip
         """Step spans are kept by `step_sampler`, else a StepSampler keeping 1 in `step_sample_every`
-        decode-only steps and every prefill step up to its budget (1: every step)."""
+        decode-only steps and every prefill step up to its budget (1: every step). With `slo` (the
+        router's), root spans say whether the request met it (`splitscope.slo.violated` / `.missed`)."""
         self.clock = clock
         self.pool = pool
         self.worker = worker
         self.step_sampler = step_sampler or StepSampler(decode_sample_every=max(1, step_sample_every))
+        self.slo = slo if slo is not None and slo.configured else None
         self._step_trace_id = s.new_trace_id()
         self._step_trace_started_ns = 0
 
@@ -169,6 +172,13 @@ class SpanBuilder:
             attrs[s.ATTR_ITL_P99_S] = quantile(gaps, 0.99)
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
             attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
+        if self.slo is not None:
+            missed = self.slo.missed(
+                attrs.get(s.ATTR_TTFT_S), max(0, interval.end_wall_ns - interval.start_wall_ns) / 1e9, attrs.get(s.ATTR_ITL_P99_S)
+            )  # fmt: skip
+            attrs[s.ATTR_SLO_VIOLATED] = bool(missed)
+            if missed:
+                attrs[s.ATTR_SLO_MISSED] = ",".join(missed)
         return s.SpanData(
             name=f"{record.operation} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
             span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,

@@ -18,7 +18,12 @@ from tracer.gpu import GpuSampler
 from tracer.metrics import Catalogue
 from tracer.local_sink import MetricsRecorder
 from tracer.otel import otlp_exporter_from_env, to_readable_span
+from tracer.pipeline import SpanBuilder
+from tracer.records import KIND_REQUEST, RequestRecord
+from tracer.slo_outcome import RequestSlo
+from tracer.timing import default_clock
 from tracer.traces import iter_spans
+from tracer.vocabulary import SloObjective
 
 MS = 1_000_000
 
@@ -372,3 +377,28 @@ def test_a_raising_sink_loses_only_its_slice_and_counts_it_as_sink_error():
     dropped = session.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sink_error"})
     assert dropped == lost
     session.shutdown(1.0)
+
+
+@pytest.mark.parametrize(
+    "slo, ttft_ms, gap_ms, missed",
+    [(RequestSlo(0.1, 0.05), 120, 10, SloObjective.TTFT), (RequestSlo(0.1, 0.05), 50, 60, SloObjective.ITL),
+     (RequestSlo(0.1, 0.05), 150, 60, f"{SloObjective.TTFT},{SloObjective.ITL}"), (RequestSlo(0.1, 0.05), 50, 10, None), (RequestSlo(itl_s=0.05), 900, 10, None)],
+)  # fmt: skip
+def test_the_root_span_says_which_objective_the_request_missed(slo, ttft_ms, gap_ms, missed):
+    clock = default_clock("cpu")
+    builder = SpanBuilder(clock, None, None, slo=slo)
+    start = 1_000 * MS
+    first = start + ttft_ms * MS
+    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, start, first + 3 * gap_ms * MS, first, "m", "colocated",
+                           "r", 4, 4, array("d", [gap_ms / 1e3] * 3), "", "text_completion")  # fmt: skip
+    attrs = builder.request(record, clock.resolve(record.start, record.end, record.end)).attributes
+    assert attrs[s.ATTR_SLO_VIOLATED] is (missed is not None)
+    assert attrs.get(s.ATTR_SLO_MISSED) == missed
+
+
+def test_without_objectives_the_root_span_has_no_outcome():
+    clock = default_clock("cpu")
+    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, 0, 10 * MS, 5 * MS, "m", "colocated", "r", 1, 2,
+                           array("d", [0.005]), "", "text_completion")  # fmt: skip
+    attrs = SpanBuilder(clock, None, None).request(record, clock.resolve(0, 10 * MS, 10 * MS)).attributes
+    assert s.ATTR_SLO_VIOLATED not in attrs and s.ATTR_SLO_MISSED not in attrs
