@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
@@ -32,6 +32,7 @@ from tracer.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.sglang import SglangAdapter
+from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
 
@@ -60,6 +61,7 @@ class SpanExport:
         sglang: SglangAdapter | None = None,
         sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
+        tail_sampler: TailSampler | None = None,
     ) -> None:
         self.queue = queue
         self.metrics = metrics
@@ -70,6 +72,7 @@ class SpanExport:
         self.sglang = sglang
         self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
+        self.tail_sampler = tail_sampler  # between metering and export: metrics see every span
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
         self._sinks: dict[tuple, LocalSink] = {}
@@ -91,7 +94,7 @@ class SpanExport:
         """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
         batches = self.queue.take(timeout_s)
         if not batches:
-            return 0
+            return self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
             try:
@@ -99,8 +102,14 @@ class SpanExport:
             except Exception:  # one bad batch must not stop the sidecar
                 log.exception("splitscope sidecar: failed to process a batch of %d spans", len(batch.spans))
                 self._error("sidecar_export_failed", len(batch.spans))
+        if self.tail_sampler is None:
+            return self._export_all(by_resource.items())
+        released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+        return self._export_all(released + self.tail_sampler.expire())
+
+    def _export_all(self, groups: Iterable[tuple[tuple, list[s.SpanData]]]) -> int:
         exported = 0
-        for resource, spans in by_resource.items():
+        for resource, spans in groups:
             if spans:
                 exported += self._export(resource, spans)
         self.exported_spans += exported
@@ -182,6 +191,8 @@ class SpanExport:
             self._thread.join(timeout_s)
         while self.drain_once(0.0):
             pass
+        if self.tail_sampler is not None:
+            self._export_all(self.tail_sampler.flush())
         for processor in self.processors:
             processor.force_flush(int(timeout_s * 1000))
             processor.shutdown()
