@@ -15,16 +15,18 @@ from tracer.sidecar.client import SidecarSink
 from tracer.sidecar.tail_sampler import DECIDED_AT_TIMEOUT, DECIDED_BUFFER_FULL, TailSampler
 
 RATE = 0.1
+T0_NS = 1_700_000_000_000_000_000
 CHILDREN = (s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE)
 
 
 def _request(trace_id: int, violated: bool, error: bool = False) -> tuple[s.SpanData, list[s.SpanData]]:
-    """A root span and its worker's stage spans (times are irrelevant to the sampler)."""
+    """A root span and its worker's stage spans (times are irrelevant to the sampler, but a trace file
+    needs them non-zero)."""
     root_id = random.getrandbits(63) + 1
-    root = s.SpanData(f"{s.ROOT_SPAN_PREFIX} tiny", s.KIND_SERVER, trace_id, root_id, 0, 0, 10,
+    root = s.SpanData(f"{s.ROOT_SPAN_PREFIX} tiny", s.KIND_SERVER, trace_id, root_id, 0, T0_NS, T0_NS + 10,
                       {s.ATTR_SLO_VIOLATED: violated})  # fmt: skip
     children = [
-        s.SpanData(name, s.KIND_INTERNAL, trace_id, random.getrandbits(63) + 1, root_id, 1, 9,
+        s.SpanData(name, s.KIND_INTERNAL, trace_id, random.getrandbits(63) + 1, root_id, T0_NS + 1, T0_NS + 9,
                    {s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"}, error_type="boom" if error and name == s.SPAN_DECODE else "")
         for name in CHILDREN
     ]  # fmt: skip
@@ -44,18 +46,33 @@ class FakeClock:
 
 
 def test_a_violating_trace_is_kept_whole_and_late_spans_follow_the_decision():
-    sampler = TailSampler(0.0, keep_violations=True)
+    clock = FakeClock()
+    sampler = TailSampler(0.0, keep_violations=True, root_grace_s=2.0, clock=clock)
     root, children = _request(5, violated=True)
     assert _spans(sampler.offer("w", children[:2])) == []  # waiting for the root
-    assert _spans(sampler.offer("r", [root])) == [*children[:2], root]
+    assert _spans(sampler.offer("r", [root])) == [*children[:2], root]  # a keep: at once
     assert _spans(sampler.offer("w", children[2:])) == children[2:]  # decided: kept
     quiet_root, quiet_children = _request(6, violated=False)
     assert _spans(sampler.offer("r", [quiet_root])) == [] and _spans(sampler.offer("w", quiet_children)) == []
+    clock.now_s = 1.9
+    assert _spans(sampler.expire()) == [] and sampler.dropped_spans == 0  # a drop waits for stragglers
+    clock.now_s = 2.0
+    assert _spans(sampler.expire()) == []
     assert (sampler.kept_spans, sampler.dropped_spans) == (4, 4)
+    assert _spans(sampler.offer("w", quiet_children[:1])) == [] and sampler.dropped_spans == 5  # decided: dropped
+
+
+def test_a_failed_span_after_the_root_within_the_grace_keeps_the_trace():
+    clock = FakeClock()
+    sampler = TailSampler(0.0, keep_violations=True, root_grace_s=2.0, clock=clock)
+    root, children = _request(11, violated=False, error=True)
+    assert _spans(sampler.offer("r", [root])) == []
+    clock.now_s = 1.0
+    assert len(_spans(sampler.offer("w", children))) == 4
 
 
 def test_an_error_anywhere_in_the_trace_makes_it_a_violator():
-    sampler = TailSampler(0.0, keep_violations=True)
+    sampler = TailSampler(0.0, keep_violations=True, root_grace_s=0.0)
     root, children = _request(7, violated=False, error=True)
     sampler.offer("w", children)
     assert len(_spans(sampler.offer("r", [root]))) == 4
