@@ -1,6 +1,6 @@
 """Trace spans -> per-request, per-step and per-transfer columns (numpy), and the current layout.
 
-One pass over `tracer.traces.iter_spans`; only the attributes the report uses are kept, in flat lists
+One pass over the trace files (`tracer.report.read`: typed decoding of what the report reads); only the attributes the report uses are kept, in flat lists
 turned into arrays at the end, so a million spans fit in a few hundred MB. Blocking file I/O.
 
 A span that lacks an attribute the report needs (or carries one of the wrong type) is a bad record:
@@ -25,8 +25,8 @@ from tracer.traces import (
     ReadStats,
     Span,
     TraceFileError,
-    iter_spans,
 )
+from tracer.report.read import iter_report_spans
 from tracer.vocabulary import Mode, Pool
 
 ROOT_PREFIXES = (s.ROOT_SPAN_PREFIX, s.CHAT_SPAN_PREFIX)  # "text_completion {model}", "chat {model}"
@@ -227,7 +227,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     for path in paths:
         stats = ReadStats()
         try:
-            for span in iter_spans([path], skip_bad=skip_bad, stats=stats):
+            for span in iter_report_spans([path], skip_bad=skip_bad, stats=stats):
                 try:
                     _take(span, requests, steps, workers, models, f"{path}:{stats.lines}")
                 except TraceDataError as exc:
