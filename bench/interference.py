@@ -72,10 +72,14 @@ def start_server(preset: str, layout: list[str], port: int, log_path: Path) -> s
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    samples = {}
+    # Each worker's series carry its `worker` (and `namespace`) label; add them up per pool here, as a
+    # `sum by` would in Prometheus.
+    samples: dict[tuple[str, tuple], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("worker", "namespace")))
+            key = (sample.name, labels)
+            samples[key] = samples.get(key, 0.0) + sample.value
     return samples
 
 

@@ -26,6 +26,7 @@ import click
 
 from reference_server.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 log = logging.getLogger("reference_server.launch")
 
@@ -267,6 +268,11 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
         await asyncio.to_thread(tracing.shutdown, 5.0)
 
 
+def with_namespace(resource_attributes: str, namespace: str) -> str:
+    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins)."""
+    return ",".join(filter(None, (resource_attributes.strip(), f"{RESOURCE_SERVICE_NAMESPACE}={namespace}")))
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -300,9 +306,18 @@ def _url_host(host: str) -> str:
 @click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
 @click.option("--kv-wait-s", type=float, default=5.0, show_default=True,
               help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)")
+@click.option("--namespace", default=None,
+              help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
+              "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)")
 def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
                   **options: object) -> None:  # fmt: skip
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
+    namespace = options.pop("namespace")
+    if namespace is not None:
+        if not namespace.strip() or any(c in namespace for c in ",=\n"):
+            raise click.UsageError(f"--namespace must be a non-empty name without ',' or '=' (got {namespace!r})")
+        # The workers inherit the environment: router, workers and their spans all name the deployment.
+        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = with_namespace(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), namespace)
     if mode == "disaggregated" and workers is not None:
         raise click.UsageError("--workers is for colocated/chunked; use --prefill-workers and --decode-workers")
     if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):

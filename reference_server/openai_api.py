@@ -387,6 +387,7 @@ class ResponseShape:
                 "choices": [choice], "usage": usage_body}  # fmt: skip
 
 
+# Keyed by operation; the object names are OpenAI's wire format (that one equals an operation name is OpenAI's).
 SHAPES = {
     OPERATION_COMPLETION: ResponseShape(OPERATION_COMPLETION, "cmpl-", "text_completion", "text_completion"),
     OPERATION_CHAT: ResponseShape(OPERATION_CHAT, "chatcmpl-", "chat.completion", "chat.completion.chunk"),

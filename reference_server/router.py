@@ -47,11 +47,11 @@ import aiohttp
 from aiohttp import web
 
 from reference_server import openai_api as api
-from reference_server.metrics_proxy import merged_exposition
+from reference_server.metrics_proxy import joined_exposition
 from reference_server.text_stream import TextStream
 from reference_server.transfer_wire import token_from_env
 from tracer import TraceContext, TracingSession
-from tracer.metrics import ABORT_CLIENT_DISCONNECTED
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns
 
@@ -249,10 +249,14 @@ class Router:
         return web.json_response(body, status=200 if self.healthy() else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """The router's own series and every live worker's, each keeping its labels (metrics_proxy)."""
         registry = self.tracing.registry
-        own = registry if registry is not None else _Empty()
+        accept = request.headers.get("Accept")
+        own = await asyncio.to_thread(exposition, registry if registry is not None else _Empty(), accept,
+                                      process_labels())  # fmt: skip
         urls = [e.url + "/metrics" for e in self.endpoints if e.alive]
-        body, content_type = await merged_exposition(own, urls, self.session, request.headers.get("Accept"))
+        body = await joined_exposition(own, urls, self.session, accept)
+        content_type = own[1]
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -58,7 +58,7 @@ from reference_server.tokenizer import EOS_ID, encode
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.auth import bearer_ok, check_bind_token
-from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
 
 log = logging.getLogger("reference_server.worker")
 
@@ -144,6 +144,7 @@ class Worker:
             sidecar_socket=options.sidecar_socket,
             registry=CollectorRegistry(),  # the worker serves its own /metrics on either export path
         )
+        self.metric_labels = process_labels(options.name)
         self.model = build_model(self.args, seed=options.seed, device=options.device)
         bytes_per_block = kv_bytes_per_token(self.args, torch.float32) * options.block_size
         kv_blocks = options.kv_blocks or default_kv_blocks(
@@ -226,7 +227,9 @@ class Worker:
         registry = self.tracing.registry
         if registry is None:
             return web.Response(body=b"", content_type="text/plain")
-        body, content_type = exposition(registry, request.headers.get("Accept"))
+        # Off the loop that streams tokens to the router; every series labelled with this worker.
+        body, content_type = await asyncio.to_thread(exposition, registry, request.headers.get("Accept"),
+                                                     self.metric_labels)  # fmt: skip
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -141,6 +141,7 @@ def _local_sink(resource: dict[str, Any], catalogue: Catalogue | None, traces_fi
     from tracer.otel import span_processors
 
     if processors is None:
-        processors = span_processors(traces_file, on_drop=lambda n: dropped.add(DropReason.EXPORT_QUEUE_FULL, n))
+        processors = span_processors(traces_file, on_drop=lambda n: dropped.add(DropReason.EXPORT_QUEUE_FULL, n),
+                                     on_export_failed=lambda n: dropped.add(DropReason.EXPORT_FAILED, n))
     metrics = MetricsRecorder(catalogue) if catalogue is not None else None
     return LocalSink(Resource.create(resource), processors, metrics)

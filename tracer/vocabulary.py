@@ -71,6 +71,7 @@ class DropReason(StrEnum):
     SINK_ERROR = "sink_error"  # the sink (exporter, sidecar client) raised on a batch
     SIDECAR_UNREACHABLE = "sidecar_unreachable"  # the sidecar client's buffer overflowed or a send failed
     EXPORT_QUEUE_FULL = "export_queue_full"  # an OpenTelemetry batch processor's queue was full
+    EXPORT_FAILED = "export_failed"  # an exporter gave up on a batch (collector down past its retries)
 
 
 # ---------------------------------------------------------------------------------------- span names

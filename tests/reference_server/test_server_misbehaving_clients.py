@@ -15,7 +15,7 @@ from http.client import HTTPConnection, HTTPResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.reference_server.server_harness import Server, http, sse_events, streamed_token_ids, wait_for
-from tracer.metrics import ABORT_CLIENT_DISCONNECTED
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, REQUESTS_ABORTED
 
 DISCONNECTING_CLIENTS = 24
 EARLY_LEAVERS = 12
@@ -36,7 +36,7 @@ def _worker_value(samples: dict, name: str, pool: str) -> float:
 
 
 def _aborted(samples: dict) -> float:
-    return samples.get(("splitscope_requests_aborted_total", (("reason", ABORT_CLIENT_DISCONNECTED),)), 0.0)
+    return samples.get((REQUESTS_ABORTED + "_total", (("reason", ABORT_CLIENT_DISCONNECTED),)), 0.0)
 
 
 def _open_stream(server: Server, body: dict) -> tuple[HTTPConnection, HTTPResponse]:

@@ -1,15 +1,12 @@
-"""Router pieces without processes: routing choices, the metrics merge, request validation."""
+"""Router pieces without processes: routing choices, request validation (the /metrics join: test_metrics_join)."""
 
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from reference_server.metrics_proxy import StaticCollection, merge_families
 from reference_server.openai_api import ApiError, Limits, parse_chat, parse_completion
 from reference_server.router import Endpoint, least_loaded, sticky
+from tracer.spans import OPERATION_CHAT
 
 
 def _pool(n: int) -> list[Endpoint]:
@@ -38,32 +35,6 @@ def test_sticky_routing_is_stable_and_moves_only_the_dead_workers_users():
     after = {u: sticky(pool, u).name for u in users}
     moved = {u for u in users if before[u] != after[u]}
     assert moved == {u for u in users if before[u] == "w2"}
-
-
-def _exposition(registry: CollectorRegistry) -> list:
-    return list(text_string_to_metric_families(openmetrics_latest(registry).decode()))
-
-
-def test_merge_sums_equal_series_across_processes_and_keeps_exemplars():
-    processes = []
-    for worker, tokens in (("w0", 5), ("w1", 7)):
-        registry = CollectorRegistry()
-        Counter("splitscope_tokens", "t", ["pool"], registry=registry).labels(pool="colocated").inc(tokens)
-        Gauge("splitscope_requests_running", "r", ["pool", "worker"], registry=registry).labels("colocated", worker).set(tokens)
-        histogram = Histogram("splitscope_step_duration_seconds", "s", ["pool"], buckets=(0.1, 1.0), registry=registry)
-        histogram.labels(pool="colocated").observe(0.05, {"trace_id": f"{tokens:032x}"})
-        processes.append(_exposition(registry))
-    merged = {family.name: family for family in merge_families(processes)}
-    samples = {(x.name, tuple(sorted(x.labels.items()))): x for f in merged.values() for x in f.samples}
-    assert samples[("splitscope_tokens_total", (("pool", "colocated"),))].value == 12
-    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w0")))].value == 5
-    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w1")))].value == 7
-    bucket = samples[("splitscope_step_duration_seconds_bucket", (("le", "0.1"), ("pool", "colocated")))]
-    assert bucket.value == 2 and bucket.exemplar is not None
-    assert samples[("splitscope_step_duration_seconds_count", (("pool", "colocated"),))].value == 2
-    # The merged families encode back into a valid exposition.
-    text = openmetrics_latest(StaticCollection(list(merged.values()))).decode()
-    assert 'splitscope_tokens_total{pool="colocated"} 12.0' in text and "# {trace_id=" in text
 
 
 LIMITS = Limits("tiny", max_context_tokens=1024, max_tokens=1023)
@@ -140,7 +111,7 @@ def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
     params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
                          "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
     assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
-    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == "chat"
+    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == OPERATION_CHAT
 
 
 @pytest.mark.parametrize(

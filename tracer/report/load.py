@@ -29,7 +29,7 @@ from tracer.traces import (
 from tracer.report.read import iter_report_spans
 from tracer.vocabulary import Mode, Pool
 
-ROOT_PREFIXES = (s.ROOT_SPAN_PREFIX, s.CHAT_SPAN_PREFIX)  # "text_completion {model}", "chat {model}"
+
 VLLM_REQUEST_SPAN = vllm.SPAN_NAME
 
 
@@ -292,7 +292,7 @@ def _take(
     # The request span: the router's SERVER span (its parent, when present, is the client's span), or
     # vLLM's own `llm_request` span passed through by the sidecar's adapter with our stage spans under it.
     keys = None
-    if name.startswith(ROOT_PREFIXES) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
+    if name.startswith(s.ROOT_SPAN_PREFIXES) and (span.kind == SPAN_KIND_SERVER or not span.parent_span_id):
         keys = _OUR_REQUEST_KEYS
     elif name == VLLM_REQUEST_SPAN:
         keys = _VLLM_REQUEST_KEYS

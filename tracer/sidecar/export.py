@@ -12,6 +12,10 @@ Per span:
   unless SGLang's /metrics is scraped (`sglang_span_metrics` off);
 - anything else: exported unchanged, no metrics.
 
+The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to the request-level
+interference classifier (overlap.py): noted while a batch is adapted, classified once per drain (and
+when the queue is idle), on this thread.
+
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
 drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
 the SDK's BatchSpanProcessor behind a `tracer.local_sink.LocalSink` per resource. Runs on one daemon thread;
@@ -31,6 +35,7 @@ from tracer import spans as s
 from tracer.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.overlap import OverlapClassifier
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.vllm import VllmAdapter
@@ -62,6 +67,7 @@ class SpanExport:
         sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
         tail_sampler: TailSampler | None = None,
+        overlap: OverlapClassifier | None = None,
     ) -> None:
         self.queue = queue
         self.metrics = metrics
@@ -73,6 +79,7 @@ class SpanExport:
         self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
         self.tail_sampler = tail_sampler  # between metering and export: metrics see every span
+        self.overlap = overlap
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
         self._sinks: dict[tuple, LocalSink] = {}
@@ -94,6 +101,8 @@ class SpanExport:
         """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
         batches = self.queue.take(timeout_s)
         if not batches:
+            self._classify_overlap()  # a quiet engine's last requests are classified too
+            # and a quiet engine's last traces are decided
             return self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
@@ -103,9 +112,12 @@ class SpanExport:
                 log.exception("splitscope sidecar: failed to process a batch of %d spans", len(batch.spans))
                 self._error("sidecar_export_failed", len(batch.spans))
         if self.tail_sampler is None:
-            return self._export_all(by_resource.items())
-        released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
-        return self._export_all(released + self.tail_sampler.expire())
+            exported = self._export_all(by_resource.items())
+        else:
+            released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+            exported = self._export_all(released + self.tail_sampler.expire())
+        self._classify_overlap()
+        return exported
 
     def _export_all(self, groups: Iterable[tuple[tuple, list[s.SpanData]]]) -> int:
         exported = 0
@@ -115,9 +127,16 @@ class SpanExport:
         self.exported_spans += exported
         return exported
 
+    def _classify_overlap(self) -> None:
+        if self.overlap is not None:
+            try:
+                self.overlap.advance()
+            except Exception:  # metering must not stop the export
+                log.exception("splitscope sidecar: request-level interference classification failed")
+
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        vllm, sglang = self.vllm, self.sglang
+        vllm, sglang, overlap = self.vllm, self.sglang, self.overlap
         out = []
         metered = []
         resource: dict | None = None
@@ -126,6 +145,9 @@ class SpanExport:
                 out.append(span)
                 stages = vllm.stage_spans(span)
                 out.extend(stages)
+                if overlap is not None:
+                    for stage in stages:
+                        overlap.add(stage)
                 if self.vllm_span_metrics:
                     metered.extend(stages)
                     if resource is None:
@@ -137,6 +159,8 @@ class SpanExport:
                 stage = vllm.lifecycle_stage(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.vllm_span_metrics:
                         metered.append(stage)
                 continue
@@ -145,6 +169,8 @@ class SpanExport:
                 stage = sglang.stage_span(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.sglang_span_metrics:
                         metered.append(stage)
                 continue

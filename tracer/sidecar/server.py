@@ -30,12 +30,13 @@ from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_grpc import start_grpc_server
 from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
+from tracer.sidecar.overlap import DEFAULT_HOLD_S, OverlapClassifier
 from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
-from tracer.vocabulary import DropReason
+from tracer.vocabulary import DropReason, Mode
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,8 @@ class SidecarConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     gpu: bool = True
     environ: dict[str, str] | None = None  # OTEL_* for the OTLP exporter; None reads os.environ
+    # How long a finished decode waits for the prefills that overlapped it (overlap.py), span-timeline seconds.
+    overlap_hold_s: float = DEFAULT_HOLD_S
     # Local tail sampling (tracer/sidecar/tail_sampler.py): None exports every span.
     sample_rate: float | None = None
     keep_violations: bool = False
@@ -97,12 +100,15 @@ class Sidecar:
         self.exposed_registry = merged_registry(self.registry, self.scrapers)
         self.export = SpanExport(
             self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
-            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n)),
+            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n),
+                                       on_export_failed=lambda n: self._count_drop(DropReason.EXPORT_FAILED, n)),
             vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(config.model)),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines,
             sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
             on_error=self._count_drop, tail_sampler=self._tail_sampler(config),
+            overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s,
+                                      prefill_in_one_step=config.mode != Mode.CHUNKED),
         )  # fmt: skip
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None
