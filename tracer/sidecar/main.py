@@ -81,8 +81,8 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
         host=host, http_port=None if no_http else http_port, grpc_port=None if no_grpc else grpc_port,
         unix_socket=unix_socket, traces_file=traces_file, metrics_port=metrics_port, pool=pool, worker=worker,
         mode=mode, model=model, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
-                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, overlap_hold, no_gpu, sample_rate,
-                    keep_violations, decision_timeout, max_buffered_spans) -> None:  # fmt: skip
+        max_body_bytes=max_body_bytes, gpu=not no_gpu, overlap_hold_s=overlap_hold, sample_rate=sample_rate,
+        keep_violations=keep_violations, decision_timeout_s=decision_timeout, max_buffered_spans=max_buffered_spans,
     )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
