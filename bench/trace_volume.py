@@ -70,10 +70,11 @@ def volume(path: Path, tail: TailSampler | None, *, forget_violations: bool = Fa
     requests = sum(1 for r in lines for rs in r["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]
                    if sp.get("kind") == s.KIND_SERVER)  # fmt: skip
     kept_ids: set[int] | None = None
-    violators = 0
+    violators: int | str = "-"  # counted where the tail sampler reads them
     if tail is not None:
         # The sampler sees each span as the sidecar would (its id standing in for the span), in file order.
         everything = []
+        violators = 0
         for line_index, request in enumerate(lines):
             for rs in request["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
