@@ -21,7 +21,9 @@ import tempfile
 from pathlib import Path
 
 from google.protobuf import json_format
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+)
 
 from reference_server.demo import LAYOUTS, Workload, _kv_bytes_per_token, _load_config
 from reference_server.launch import ServeConfig

@@ -7,12 +7,15 @@ import random
 import pytest
 
 from tests.conftest import wait_for
-
 from tests.sidecar.conftest import read_spans
 from tracer import spans as s
 from tracer.metrics import TAIL_SAMPLER_SPANS
 from tracer.sidecar.client import SidecarSink
-from tracer.sidecar.tail_sampler import DECIDED_AT_TIMEOUT, DECIDED_BUFFER_FULL, TailSampler
+from tracer.sidecar.tail_sampler import (
+    DECIDED_AT_TIMEOUT,
+    DECIDED_BUFFER_FULL,
+    TailSampler,
+)
 
 RATE = 0.1
 T0_NS = 1_700_000_000_000_000_000

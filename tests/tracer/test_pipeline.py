@@ -10,13 +10,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.exposition import (
+    generate_latest as openmetrics_latest,
+)
 
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
-from tracer.metrics import Catalogue
 from tracer.local_sink import MetricsRecorder
+from tracer.metrics import Catalogue
 from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.pipeline import SpanBuilder
 from tracer.records import KIND_REQUEST, RequestRecord

@@ -10,6 +10,7 @@ skipped and counted instead, like a bad line.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tracer import spans as s
+from tracer.report.read import iter_report_spans
 from tracer.sidecar import vllm
 from tracer.traces import (
     SPAN_KIND_SERVER,
@@ -26,9 +28,7 @@ from tracer.traces import (
     Span,
     TraceFileError,
 )
-from tracer.report.read import iter_report_spans
 from tracer.vocabulary import Mode, Pool
-
 
 VLLM_REQUEST_SPAN = vllm.SPAN_NAME
 
@@ -175,7 +175,7 @@ def _step_weight(span: Span, where: str) -> float:
     """`splitscope.sample.weight`, 1 where absent (traces written before step sampling); a kept span
     stands for at least itself, so a weight below 1 is malformed."""
     weight = _number(span, s.ATTR_SAMPLE_WEIGHT, where, False)
-    if weight != weight:  # NaN: not recorded
+    if math.isnan(weight):  # not recorded
         return 1.0
     if weight < 1:
         raise TraceDataError(f"{where}: {s.ATTR_SAMPLE_WEIGHT} must be >= 1, got {weight}")

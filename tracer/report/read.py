@@ -17,10 +17,16 @@ import os
 from collections.abc import Iterator, Sequence
 
 import msgspec
-
-from tracer.traces import STATUS_UNSET, ReadStats, Span, TraceFileError, _describe, spans_from_request
-
 import orjson
+
+from tracer.traces import (
+    STATUS_UNSET,
+    ReadStats,
+    Span,
+    TraceFileError,
+    _describe,
+    spans_from_request,
+)
 
 
 class _Value(msgspec.Struct):
