@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -103,6 +103,15 @@ def run_layout(
     return result, report
 
 
+def _sized_to(preset: str, workload: Workload) -> Workload:
+    """The workload with its long prompts cut to what the preset's context holds beside the output (the
+    server refuses a longer request, and the bursts are the point of the demo)."""
+    from reference_server.model import ModelArgs
+
+    longest = ModelArgs.from_name(preset).max_seq_len - workload.output_tokens
+    return replace(workload, burst_prompt_tokens=min(workload.burst_prompt_tokens, longest))
+
+
 def _kv_bytes_per_token(preset: str) -> int:
     """The served model's KV size: the colocated run's traces hold no transfer to measure it from."""
     import torch
@@ -151,7 +160,7 @@ def demo_command(preset: str, out_dir: Path, duration_s: float, slo_ttft: float,
     run_dir = out_dir / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     slo = SLO(ttft_s=slo_ttft, itl_s=slo_itl)
-    workload = Workload(duration_s=duration_s, seed=seed)
+    workload = _sized_to(preset, Workload(duration_s=duration_s, seed=seed))
     results: dict[str, LoadResult] = {}
     reports: dict[str, Report] = {}
     for name in LAYOUTS:
