@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import sys
+import urllib.request
 from pathlib import Path
 
 import click
+from prometheus_client.parser import text_string_to_metric_families
 
-from alerts import promtool
-from alerts.rules import RULES_PATH, render_rules_yaml
+from tracer.alerts import promtool
+from tracer.alerts.buckets import missing_slo_edges
+from tracer.alerts.rules import RULES_PATH, render_rules_yaml
+
+
+_FETCH_TIMEOUT_S = 10.0
 
 
 @click.group("alerts")
@@ -40,8 +46,19 @@ def build_command(check_only: bool, out: Path) -> None:
 @click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               default=RULES_PATH, show_default=True, help="Rule file to check.")
 @click.option("--skip-tests", is_flag=True, help="Only `promtool check rules`, not the unit tests.")
-def check_command(rules_path: Path, skip_tests: bool) -> None:
+@click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL",
+              help="Also read this /metrics (an engine's, the sidecar's, the router's) and warn about latency "
+              "histograms whose buckets lack the SLO edge. Repeatable.")
+def check_command(rules_path: Path, skip_tests: bool, metrics_urls: tuple[str, ...]) -> None:
     """Run `promtool check rules` and `promtool test rules` (alerts/tests/*.yaml)."""
+    for url in metrics_urls:
+        try:
+            with urllib.request.urlopen(url, timeout=_FETCH_TIMEOUT_S) as response:
+                families = list(text_string_to_metric_families(response.read().decode("utf-8", errors="replace")))
+        except (OSError, ValueError) as exc:
+            raise click.ClickException(f"cannot read metrics from {url}: {exc}") from exc
+        for warning in missing_slo_edges(families):
+            click.echo(f"warning: {url}: {warning}", err=True)
     try:
         results = [promtool.check_rules(rules_path)]
         if not skip_tests:

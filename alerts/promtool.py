@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from alerts.rules import RULES_PATH
+from tracer.alerts.rules import RULES_PATH
 
 TESTS_DIR = RULES_PATH.parent / "tests"
 _TIMEOUT_S = 120

@@ -2,11 +2,16 @@
 
 `render_rules()` builds the rule file as a dict from `AlertSettings`; `render_rules_yaml()` is the text that
 is committed as alerts/rules.yaml (tests check the committed file is byte-identical to a fresh render).
-A live end-to-end test renders the same rules with `for_scale` (shorter `for:`) and `range_override`
-(every `[5m]`-style window replaced) so that they fire within seconds.
+A live end-to-end test renders the same rules with `for_scale` (shorter `for:`), `range_override` (every
+`[5m]`-style window replaced) and `horizon_override` (the recommendations' hour) so they fire within seconds.
 
-Recording rules follow `level:metric:operation`; the level names the labels kept (`pool_prefill_in_step:`
-keeps `pool` and `prefill_in_step`, `cluster:` keeps none). Metric and label names are DESIGN section 5's.
+One small function per alert group builds its recording rules and its alerts; `_all_rules` orders them so
+that every rule reads only recording rules evaluated before it.
+
+Recording rules follow `level:metric:operation`; the level names the labels kept beyond the deployment labels
+(`AlertSettings.deployment_labels`, default `namespace`), which every rule keeps: `pool_prefill_in_step:`
+keeps `pool` and `prefill_in_step`, `deployment:` only the deployment labels. Metric and label names are
+DESIGN section 5's.
 """
 
 from __future__ import annotations
@@ -20,7 +25,25 @@ from typing import Any
 import promql_parser
 import yaml
 
-from alerts.settings import DEFAULT_SETTINGS, AlertSettings
+from tracer.alerts.settings import DEFAULT_SETTINGS, AlertSettings
+from tracer.metrics import (
+    DECODE_SECONDS_COUNTER,
+    DECODE_STEPS_COUNTER,
+    DECODE_TPOT_HISTOGRAM,
+    ITL_HISTOGRAM,
+    OVERLAP_PREFILL_SECONDS_COUNTER,
+    OVERLAP_PREFILL_STEPS_COUNTER,
+    PREFILL_OVERLAP_LABEL,
+    KV_TRANSFER_FAILURES_COUNTER,
+    POOL_WORKERS_GAUGE,
+    REQUESTS_WAITING_GAUGE,
+    STAGE_HISTOGRAM,
+    STEP_HISTOGRAM,
+    TRACER_DROPPED_COUNTER,
+    TTFT_HISTOGRAM,
+    WORKER_BUSY_COUNTER,
+    WORKER_PREFILL_BUSY_COUNTER,
+)
 
 RULES_PATH = Path(__file__).with_name("rules.yaml")
 HEADER = (
@@ -52,129 +75,44 @@ def le_matcher(bound_s: float) -> str:
     return 'le=~"' + "|".join(s.replace(".", "\\\\.") for s in spellings) + '"'
 
 
-def _miss_ratio(histogram: str, by: str, bound_s: float, window: str) -> str:
-    return _promql(f"""
-        1 - (
-          sum by ({by}) (rate({histogram}_bucket{{{le_matcher(bound_s)}}}[{window}]))
-          /
-          sum by ({by}) (rate({histogram}_count[{window}]))
-        )
-    """)
+class _Names:
+    """Metric names of DESIGN section 5 that the rules read (histogram families without their suffix)."""
+
+    TTFT = TTFT_HISTOGRAM
+    ITL = ITL_HISTOGRAM
+    STEP = STEP_HISTOGRAM
+    STAGE = STAGE_HISTOGRAM
+    KV_FAILURES = KV_TRANSFER_FAILURES_COUNTER
+    DROPPED = TRACER_DROPPED_COUNTER
+    BUSY = WORKER_BUSY_COUNTER
+    WORKERS = POOL_WORKERS_GAUGE
+    WAITING = REQUESTS_WAITING_GAUGE
+    TPOT = DECODE_TPOT_HISTOGRAM
+    DECODE_STEPS = DECODE_STEPS_COUNTER
+    DECODE_SECONDS = DECODE_SECONDS_COUNTER
+    PREFILL_STEPS = OVERLAP_PREFILL_STEPS_COUNTER
+    PREFILL_SECONDS = OVERLAP_PREFILL_SECONDS_COUNTER
+    PREFILL_BUSY = WORKER_PREFILL_BUSY_COUNTER
 
 
-def _recording_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    step = "splitscope_step_duration_seconds"
-    rules: list[dict[str, Any]] = [
-        {
-            "record": f"pool_prefill_in_step:{step}:mean5m",
-            "expr": _promql(f"""
-                sum by (pool, prefill_in_step) (rate({step}_sum[5m]))
-                /
-                sum by (pool, prefill_in_step) (rate({step}_count[5m]))
-            """),
-        },
-        {
-            "record": f"pool_prefill_in_step:{step}_count:rate5m",
-            "expr": f"sum by (pool, prefill_in_step) (rate({step}_count[5m]))",
-        },
-        {
-            # Only a colocated pool runs both kinds of step, so only it gets a ratio.
-            "record": f"pool:{step}:interference_ratio5m",
-            "expr": _promql(f"""
-                pool_prefill_in_step:{step}:mean5m{{prefill_in_step="true"}}
-                / ignoring (prefill_in_step)
-                pool_prefill_in_step:{step}:mean5m{{prefill_in_step="false"}}
-            """),
-        },
-        {
-            "record": f"pool:{step}:prefill_time_share5m",
-            "expr": _promql(f"""
-                sum by (pool) (rate({step}_sum{{prefill_in_step="true"}}[5m]))
-                /
-                sum by (pool) (rate({step}_sum[5m]))
-            """),
-        },
-        {
-            # Router and workers may both export the gauge; max, not sum, so it is not counted twice.
-            "record": "pool:splitscope_pool_workers:max",
-            "expr": "max by (pool) (splitscope_pool_workers)",
-        },
-        {
-            "record": "pool_worker:splitscope_worker_busy_seconds:rate5m",
-            "expr": "sum by (pool, worker) (rate(splitscope_worker_busy_seconds_total[5m]))",
-        },
-        {
-            "record": "pool:splitscope_worker_busy:ratio5m",
-            "expr": _promql("""
-                sum by (pool) (pool_worker:splitscope_worker_busy_seconds:rate5m)
-                / on (pool)
-                pool:splitscope_pool_workers:max
-            """),
-        },
-        {
-            "record": "pool:splitscope_requests_waiting:avg5m",
-            "expr": "avg by (pool) (avg_over_time(splitscope_requests_waiting[5m]))",
-        },
-        {
-            # Mean transfer time over mean TTFT; both are means, so a transfer recorded by sender and
-            # receiver alike does not double the share.
-            "record": "cluster:splitscope_kv_transfer:ttft_share5m",
-            "expr": _promql("""
-                (
-                  sum(rate(splitscope_stage_duration_seconds_sum{stage="kv_transfer"}[5m]))
-                  /
-                  sum(rate(splitscope_stage_duration_seconds_count{stage="kv_transfer"}[5m]))
-                )
-                /
-                (
-                  sum(rate(gen_ai_server_time_to_first_token_seconds_sum{mode="disaggregated"}[5m]))
-                  /
-                  sum(rate(gen_ai_server_time_to_first_token_seconds_count{mode="disaggregated"}[5m]))
-                )
-            """),
-        },
-    ]
-    for quantile, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-        rules += [
-            {
-                "record": f"model_mode:gen_ai_server_time_to_first_token_seconds:{name}_5m",
-                "expr": (
-                    f"histogram_quantile({quantile}, sum by (gen_ai_request_model, mode, le) "
-                    "(rate(gen_ai_server_time_to_first_token_seconds_bucket[5m])))"
-                ),
-            },
-            {
-                "record": f"pool:splitscope_inter_token_latency_seconds:{name}_5m",
-                "expr": (
-                    f"histogram_quantile({quantile}, sum by (pool, le) "
-                    "(rate(splitscope_inter_token_latency_seconds_bucket[5m])))"
-                ),
-            },
-            {
-                "record": f"pool_stage:splitscope_stage_duration_seconds:{name}_5m",
-                "expr": (
-                    f"histogram_quantile({quantile}, sum by (pool, stage, le) "
-                    "(rate(splitscope_stage_duration_seconds_bucket[5m])))"
-                ),
-            },
-        ]
-    return rules
+# The label the request-level fallback adds to what it records and fires, so annotations say which signal.
+SIGNAL_LABEL = "signal"
+REQUEST_SIGNAL = "request_tpot"
 
 
-def _slo_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    rules = []
-    for window in BURN_WINDOWS:
-        rules.append({
-            "record": f"model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate{window}",
-            "expr": _miss_ratio(
-                "gen_ai_server_time_to_first_token_seconds", "gen_ai_request_model, mode", s.ttft_slo_s, window
-            ),
-        })
-        rules.append({
-            "record": f"pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate{window}",
-            "expr": _miss_ratio("splitscope_inter_token_latency_seconds", "pool", s.itl_slo_s, window),
-        })
-    return rules
+class _Grouping:
+    """`by (...)` / `on (...)` lists that always start with the deployment labels (AlertSettings)."""
+
+    def __init__(self, settings: AlertSettings) -> None:
+        self.deployment = ", ".join(settings.deployment_labels)
+        self.labels = settings.deployment_labels
+
+    def __call__(self, *labels: str) -> str:
+        return ", ".join((self.deployment, *labels))
+
+
+def _value_2f() -> str:
+    return '{{ $value | printf "%.2f" }}'
 
 
 def _alert(
@@ -193,16 +131,57 @@ def _alert(
     }
 
 
-def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    step = "splitscope_step_duration_seconds"
-    interference = f"pool:{step}:interference_ratio5m"
-    prefill_share = f"pool:{step}:prefill_time_share5m"
-    enough_steps = f"min by (pool) (pool_prefill_in_step:{step}_count:rate5m)"
-    miss_budget = _number(1 - s.recommend_attainment_ratio)
+def _tagged(expr: str, label: str, value: str) -> str:
+    """`expr` with a constant label added, so an annotation can say which branch of an `or` fired."""
+    body = "\n".join("  " + line for line in _promql(expr).splitlines())
+    return f'label_replace(\n{body},\n  "{label}", "{value}", "", ""\n)'
+
+
+# -- latency objectives ---------------------------------------------------------------------------------------
+
+
+def _miss_ratio(histogram: str, by: str, bound_s: float, fallback_s: float, window: str) -> str:
+    """Share of observations over `bound_s`, per group `by`.
+
+    Judged series by series before summing: a series with the SLO edge counts its requests at that edge; a
+    series without it (an engine's own buckets) at `fallback_s`, an edge under the SLO (conservative); a
+    series with neither is left out of numerator and denominator alike. So no denominator counts requests
+    whose numerator is missing, and one model served by two engines with different buckets is judged right.
+    """
+    good = _promql(f"""
+        (
+          sum without (le) (rate({histogram}_bucket{{{le_matcher(bound_s)}}}[{window}]))
+          or
+          sum without (le) (rate({histogram}_bucket{{{le_matcher(fallback_s)}}}[{window}]))
+        )
+    """)
+    return "\n".join((
+        "1 - (",
+        f"  sum by ({by}) {good}",
+        "  /",
+        f"  sum by ({by}) (rate({histogram}_count[{window}]) and {good})",
+        ")",
+    ))  # fmt: skip
+
+
+def _slo_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    rules = []
+    for window in BURN_WINDOWS:
+        rules.append({
+            "record": f"model_mode:{_Names.TTFT}:slo_miss_ratio_rate{window}",
+            "expr": _miss_ratio(_Names.TTFT, g("gen_ai_request_model", "mode"), s.ttft_slo_s,
+                                s.ttft_fallback_edge_s, window),
+        })  # fmt: skip
+        rules.append({
+            "record": f"pool:{_Names.ITL}:slo_miss_ratio_rate{window}",
+            "expr": _miss_ratio(_Names.ITL, g("pool"), s.itl_slo_s, s.itl_fallback_edge_s, window),
+        })
+    return rules
+
+
+def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     budget = 1 - s.slo_objective_ratio
     fast, slow = _number(s.fast_burn_factor * budget), _number(s.slow_burn_factor * budget)
-    ttft_miss = "model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate"
-    itl_miss = "pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate"
 
     def burn(miss_ratio: str) -> str:
         """Multiwindow burn: fast (1h and 5m) or slow (6h and 30m) windows both over their factor."""
@@ -215,98 +194,378 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
               ({miss_ratio}6h > {slow}) and ({miss_ratio}30m > {slow})
             )
             """
-    busy = "pool:splitscope_worker_busy:ratio5m"
-    workers = "pool:splitscope_pool_workers:max"
-    # Busy workers per pool (busy ratio x workers) of prefill over decode: the split that would leave both
-    # pools equally busy. A saturated pool's busy ratio is capped at 1, so for it this is a lower bound.
-    busy_p_over_d = _promql(f"""
-        (
-          ({busy}{{pool="prefill"}} * on (pool) {workers}{{pool="prefill"}})
-          / ignoring (pool)
-          ({busy}{{pool="decode"}} * on (pool) {workers}{{pool="decode"}})
-        )
-    """)
-    waiting = "pool:splitscope_requests_waiting:avg5m"
-    value_2f = '{{ $value | printf "%.2f" }}'
-    ttft_slo = f"{_number(s.ttft_slo_s)} s"
-    itl_slo = f"{_number(s.itl_slo_s * 1000)} ms"
 
-    def pool_saturated(pool: str, other: str, bound: str) -> dict[str, Any]:
-        """`pool` saturated while `other` has headroom: move GPUs from `other` to `pool` until P:D is at
-        least (prefill saturated) or at most (decode saturated) the busy-workers ratio."""
-        expr = "\n".join((
-            busy_p_over_d,
-            f'and ignoring (pool) ({busy}{{pool="{pool}"}} > {_number(s.saturated_busy_ratio)})',
-            f'and ignoring (pool) ({waiting}{{pool="{pool}"}} > {_number(s.saturated_waiting_per_worker)})',
-            f'and ignoring (pool) ({busy}{{pool="{other}"}} < {_number(s.headroom_busy_ratio)})',
-        ))
-        return _alert(
-            s, f"{pool.capitalize()}PoolSaturated", expr,
-            s.pool_saturated_for, "warning",
-            f"{pool.capitalize()} pool saturated while {other} has headroom; suggest P:D ≈ {value_2f}",
-            f"""The {pool} pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
-            {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the {other} pool is
-            under {_number(s.headroom_busy_ratio * 100)}% busy. Busy prefill workers over busy decode
-            workers is {value_2f}: move GPUs from {other} to {pool} until P:D is {bound} that.""",
-        )  # fmt: skip
+    windows = (f"burn windows 1h/5m over {_number(s.fast_burn_factor)}x, or 6h/30m over "
+               f"{_number(s.slow_burn_factor)}x")  # fmt: skip
+    fallback = "engines' histograms without that edge are judged at {edge} (conservative)"
+    return [
+        _alert(
+            s, "TTFTSLOBurn",
+            burn(f"model_mode:{_Names.TTFT}:slo_miss_ratio_rate"),
+            s.slo_burn_for, "critical",
+            "Time-to-first-token SLO burning for {{ $labels.gen_ai_request_model }} ({{ $labels.mode }})",
+            f"""{{{{ $value | humanizePercentage }}}} of requests took longer than {_number(s.ttft_slo_s)} s
+            to the first token ({fallback.format(edge=f"{_number(s.ttft_fallback_edge_s)} s")}); the
+            objective allows {_number(budget * 100)}%. At this rate the error budget runs out in days, not
+            weeks ({windows}).""",
+        ),
+        _alert(
+            s, "ITLSLOBurn",
+            burn(f"pool:{_Names.ITL}:slo_miss_ratio_rate"),
+            s.slo_burn_for, "critical",
+            "Inter-token latency SLO burning in pool {{ $labels.pool }}",
+            f"""{{{{ $value | humanizePercentage }}}} of token gaps in pool {{{{ $labels.pool }}}} were
+            longer than {_number(s.itl_slo_s * 1000)} ms ({fallback.format(edge=f"{_number(s.itl_fallback_edge_s * 1000)} ms")}).
+            The threshold counts gaps, not requests: the objective allows {_number(budget * 100)}% of all
+            token gaps to exceed it, while `splitscope report` judges each request by its own p99 gap. At
+            this rate the error budget runs out in days, not weeks ({windows}).""",
+        ),
+    ]  # fmt: skip
 
+
+# -- interference and the recommendations --------------------------------------------------------------------
+
+
+def _request_interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    """The request-level signal (tracer/sidecar/overlap.py) for engines without step timing.
+
+    A request's TPOT spreads the stall of each step it shared with a prefill over all its N decode steps:
+    with a step ratio R on k of them, TPOT_overlapped / TPOT_clean = 1 + (R - 1) * k / N, so the TPOT ratio
+    matching the step factor is 1 + (factor - 1) * k / N (recorded for the dashboards, k / N from the
+    sidecar). The alert undoes the dilution instead: each overlapped decode's k steps with a prefill (their
+    time, the union of the prefill windows inside it) against its N - k decode-only steps (the rest of its
+    time) estimate R at the same batch and context, compared with the step factor itself. Runbook:
+    alerts/runbook.md#decodeinterference.
+    """
+    tpot, overlap = _Names.TPOT, PREFILL_OVERLAP_LABEL
+    kinds = g("pool", overlap)
+    by = g("pool")
+
+    def rate_true(counter: str) -> str:
+        return f'sum by ({by}) (rate({counter}{{{overlap}="true"}}[5m]))'
+
+    def rate(counter: str) -> str:
+        return f"sum by ({by}) (rate({counter}[5m]))"
+
+    prefill_steps, prefill_seconds = rate(_Names.PREFILL_STEPS), rate(_Names.PREFILL_SECONDS)
+    return [
+        {
+            "record": f"pool_{overlap}:{tpot}:mean5m",
+            "expr": _promql(f"""
+                sum by ({kinds}) (rate({tpot}_sum[5m]))
+                /
+                sum by ({kinds}) (rate({tpot}_count[5m]))
+            """),
+        },
+        {
+            "record": f"pool_{overlap}:{tpot}_count:rate5m",
+            "expr": f"sum by ({kinds}) (rate({tpot}_count[5m]))",
+        },
+        {
+            "record": f"pool:{tpot}:overlap_ratio5m",
+            "expr": _promql(f"""
+                pool_{overlap}:{tpot}:mean5m{{{overlap}="true"}}
+                / ignoring ({overlap})
+                pool_{overlap}:{tpot}:mean5m{{{overlap}="false"}}
+            """),
+        },
+        {
+            # The TPOT ratio that matches the step factor: 1 + (factor - 1) * k / N.
+            "record": f"pool:{tpot}:interference_threshold5m",
+            "expr": _promql(f"""
+                1 + {_number(s.interference_factor - 1)} * clamp_max(
+                  {prefill_steps}
+                  /
+                  {rate_true(_Names.DECODE_STEPS)},
+                  1
+                )
+            """),
+        },
+        {
+            # R from requests: mean time of their steps with a prefill over that of their decode-only steps.
+            "record": "pool:splitscope_decode_overlap:interference_ratio5m",
+            "expr": _promql(f"""
+                ({prefill_seconds} / {prefill_steps})
+                /
+                (
+                  ({rate_true(_Names.DECODE_SECONDS)} - {prefill_seconds})
+                  /
+                  ({rate_true(_Names.DECODE_STEPS)} - {prefill_steps} > 0)
+                )
+            """),
+        },
+    ]  # fmt: skip
+
+
+def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    step, tpot = _Names.STEP, _Names.TPOT
+    kinds = g("pool", "prefill_in_step")
+    enough_steps = f"min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m)"
+    enough_requests = f'pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}}'
+    return [
+        {
+            "record": f"pool_prefill_in_step:{step}:mean5m",
+            "expr": _promql(f"""
+                sum by ({kinds}) (rate({step}_sum[5m]))
+                /
+                sum by ({kinds}) (rate({step}_count[5m]))
+            """),
+        },
+        {
+            "record": f"pool_prefill_in_step:{step}:p99_5m",
+            "expr": f"histogram_quantile(0.99, sum by ({kinds}, le) (rate({step}_bucket[5m])))",
+        },
+        {
+            "record": f"pool_prefill_in_step:{step}_count:rate5m",
+            "expr": f"sum by ({kinds}) (rate({step}_count[5m]))",
+        },
+        {
+            # Steps of the rarer kind in the window: how many observations a p99 rests on.
+            "record": f"pool:{step}_count:min_increase5m",
+            "expr": f"min by ({g('pool')}) (sum by ({kinds}) (increase({step}_count[5m])))",
+        },
+        {
+            # Only a colocated pool runs both kinds of step, so only it gets a ratio.
+            "record": f"pool:{step}:interference_ratio5m",
+            "expr": _promql(f"""
+                pool_prefill_in_step:{step}:mean5m{{prefill_in_step="true"}}
+                / ignoring (prefill_in_step)
+                pool_prefill_in_step:{step}:mean5m{{prefill_in_step="false"}}
+            """),
+        },
+        {
+            # The tail: a few long prefills hide in the mean of many short steps, not in the p99.
+            "record": f"pool:{step}:interference_tail_ratio5m",
+            "expr": _promql(f"""
+                pool_prefill_in_step:{step}:p99_5m{{prefill_in_step="true"}}
+                / ignoring (prefill_in_step)
+                pool_prefill_in_step:{step}:p99_5m{{prefill_in_step="false"}}
+            """),
+        },
+        *_request_interference_records(s, g),
+        {
+            # 1 while the mean or the tail ratio is over its factor on enough steps, else 0 (a series of
+            # zeros, so that its average over the horizon is the share of time spent interfering). Pools
+            # without step timing (engines through the sidecar) fall back to the request-level signal.
+            "record": "pool:splitscope_interference:active5m",
+            "expr": _promql(f"""
+                (
+                    clamp_max(
+                        (pool:{step}:interference_ratio5m > bool {_number(s.interference_factor)})
+                      + (pool:{step}:interference_tail_ratio5m > bool {_number(s.interference_tail_factor)})
+                        * on ({g('pool')}) (pool:{step}_count:min_increase5m >= bool {s.interference_tail_min_steps}),
+                      1
+                    )
+                  or
+                    # an exposition without buckets has no tail ratio: the mean alone
+                    (pool:{step}:interference_ratio5m > bool {_number(s.interference_factor)})
+                )
+                * on ({g('pool')}) ({enough_steps} >= bool {_number(s.interference_min_steps_per_s)})
+            """) + "\nor\n" + _tagged(
+                f"""
+                (pool:splitscope_decode_overlap:interference_ratio5m > bool {_number(s.interference_factor)})
+                * on ({g('pool')}) ({enough_requests} >= bool {_number(s.request_interference_min_requests_per_s)})
+                unless on ({g('pool')}) pool_prefill_in_step:{step}_count:rate5m
+                """, SIGNAL_LABEL, REQUEST_SIGNAL),
+        },
+        {
+            "record": f"pool:{step}:prefill_time_share5m",
+            "expr": _promql(f"""
+                sum by ({g('pool')}) (rate({step}_sum{{prefill_in_step="true"}}[5m]))
+                /
+                sum by ({g('pool')}) (rate({step}_sum[5m]))
+            """),
+        },
+    ]
+
+
+def _recommendation_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    step, horizon = _Names.STEP, s.recommend_horizon
+    miss_budget = _number(1 - s.recommend_attainment_ratio)
+    active = "pool:splitscope_interference:active5m"
+    return [
+        {
+            # A colocated (or chunked) deployment misses its TTFT objective for some model.
+            "record": f"deployment:{_Names.TTFT}:slo_missed5m",
+            "expr": _promql(f"""
+                max by ({g.deployment}) (
+                  model_mode:{_Names.TTFT}:slo_miss_ratio_rate5m{{mode=~"colocated|chunked"}}
+                ) > bool {miss_budget}
+            """),
+        },
+        {
+            "record": f"pool:{_Names.ITL}:slo_missed5m",
+            "expr": f"pool:{_Names.ITL}:slo_miss_ratio_rate5m > bool {miss_budget}",
+        },
+        {
+            "record": "pool:splitscope_interference:ttft_missed5m",
+            "expr": _promql(f"""
+                {active} * on ({g.deployment}) group_left () deployment:{_Names.TTFT}:slo_missed5m
+                or
+                {active} * 0
+            """),
+        },
+        {
+            "record": "pool:splitscope_interference:itl_missed5m",
+            "expr": _promql(f"""
+                {active} * on ({g('pool')}) group_left () pool:{_Names.ITL}:slo_missed5m
+                or
+                {active} * 0
+            """),
+        },
+        {
+            "record": f"pool:splitscope_interference:ttft_missed_share{horizon}",
+            "expr": f"avg_over_time(pool:splitscope_interference:ttft_missed5m[{horizon}])",
+        },
+        {
+            "record": f"pool:splitscope_interference:itl_missed_share{horizon}",
+            "expr": f"avg_over_time(pool:splitscope_interference:itl_missed5m[{horizon}])",
+        },
+        {
+            # Without step timing: time with a request in prefill over time with any request running,
+            # from request spans (the sidecar's busy counters), the same share of the pool's GPU time.
+            "record": f"pool:{step}:prefill_time_share{horizon}",
+            "expr": _promql(f"""
+                sum by ({g('pool')}) (rate({step}_sum{{prefill_in_step="true"}}[{horizon}]))
+                /
+                sum by ({g('pool')}) (rate({step}_sum[{horizon}]))
+                or
+                (
+                  sum by ({g('pool')}) (rate({_Names.PREFILL_BUSY}[{horizon}]))
+                  /
+                  sum by ({g('pool')}) (rate({_Names.BUSY}[{horizon}]) and {_Names.PREFILL_BUSY})
+                )
+            """),
+        },
+    ]
+
+
+def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    step, horizon, tpot = _Names.STEP, s.recommend_horizon, _Names.TPOT
+    enough_requests = (f'(pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}} >= '
+                       f"{_number(s.request_interference_min_requests_per_s)})")  # fmt: skip
+    enough_steps = (f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
+                    f"{_number(s.interference_min_steps_per_s)})")  # fmt: skip
+    share = _number(s.recommend_min_horizon_share)
+    share_pct = _number(s.recommend_min_horizon_share * 100)
+    heavy = _number(s.split_min_prefill_time_share)
+    heavy_pct = _number(s.split_min_prefill_time_share * 100)
+    ttft_share = f'pool:splitscope_interference:ttft_missed_share{horizon}{{pool="colocated"}}'
+    itl_share = f'pool:splitscope_interference:itl_missed_share{horizon}{{pool="colocated"}}'
+    prefill_share = f"pool:{step}:prefill_time_share{horizon}"
+    on_pool = f"on ({g('pool')})"
+    slo = f"SLO {_number(s.ttft_slo_s)} s to the first token, {_number(s.itl_slo_s * 1000)} ms between tokens"
+    # Empty for pools with step timing, so their text reads as before.
+    request_note = (f"{{{{ if $labels.{SIGNAL_LABEL} }}}} This pool reports no step timing (an engine watched "
+                    "through the sidecar): interference was judged from request spans (DecodeInterference's "
+                    "request-level signal) and the prefill share from time with a request in prefill over "
+                    "time with any request running.{{ end }}")
+    judged = f"""Judged over the last {horizon}, so bursts that recur count and a single burst does not:
+            for at least {share_pct}% of it the pool interfered (mean or p99 step-time ratio over its factor)
+            while more than {_number((1 - s.recommend_attainment_ratio) * 100)}% of"""
     return [
         _alert(
             s, "DecodeInterference",
-            f"""
-            ({interference} > {_number(s.interference_factor)})
-            and on (pool) ({enough_steps} >= {_number(s.interference_min_steps_per_s)})
-            """,
+            "\nor\n".join((
+                _tagged(f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)})"
+                        f"\nand {on_pool} {enough_steps}", "statistic", "mean"),
+                _tagged(f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)})"
+                        f"\nand {on_pool} (pool:{step}_count:min_increase5m >= {s.interference_tail_min_steps})"
+                        f"\nand {on_pool} {enough_steps}"
+                        f"\nunless {on_pool} (pool:{step}:interference_ratio5m > {_number(s.interference_factor)})",
+                        "statistic", "p99"),
+                # No step timing in the pool (an engine through the sidecar): the request-level signal.
+                _tagged(_tagged(
+                    f"(pool:splitscope_decode_overlap:interference_ratio5m > {_number(s.interference_factor)})"
+                    f"\nand {on_pool} {enough_requests}"
+                    f"\nunless {on_pool} pool_prefill_in_step:{step}_count:rate5m",
+                    "statistic", "mean"), SIGNAL_LABEL, REQUEST_SIGNAL),
+            )),
             s.decode_interference_for, "warning",
-            f"Steps with prefill run {value_2f}x slower than pure decode steps in pool {{{{ $labels.pool }}}}",
-            f"""Over the last 5 minutes the mean step time of iterations that carry prefill tokens was
-            {value_2f} times that of decode-only iterations in pool {{{{ $labels.pool }}}} (threshold
-            {_number(s.interference_factor)}x). Every decode request in such a step waits for the prefill,
-            which shows up as inter-token latency spikes.""",
+            f"{{{{ if $labels.{SIGNAL_LABEL} }}}}Steps with prefill run {_value_2f()}x slower than decode-only steps "
+            "in pool {{ $labels.pool }} (from request spans)"
+            f"{{{{ else }}}}Steps with prefill run {_value_2f()}x slower than pure decode steps in pool "
+            "{{ $labels.pool }} ({{ $labels.statistic }}){{ end }}",
+            f"""{{{{ if $labels.{SIGNAL_LABEL} }}}}This pool reports no step timing (an engine watched through the
+            sidecar), so the steps are read from requests: over the last 5 minutes, inside the decodes that
+            another request's prefill overlapped on the same worker, the steps that carried a prefill took
+            {_value_2f()} times as long as the decode-only steps (threshold {_number(s.interference_factor)}x,
+            the step factor: splitting each decode into its prefill-carrying and decode-only steps undoes the
+            dilution of a request's time per output token; runbook). Every decode request in a step with a
+            prefill waits for it, which shows up as inter-token latency
+            spikes.{{{{ else }}}}Over the last 5 minutes the {{{{ $labels.statistic }}}} step time of iterations that carry
+            prefill tokens was {_value_2f()} times that of decode-only iterations in pool
+            {{{{ $labels.pool }}}} (thresholds: mean {_number(s.interference_factor)}x, p99
+            {_number(s.interference_tail_factor)}x). Every decode request in such a step waits for the
+            prefill, which shows up as inter-token latency spikes.{{{{ end }}}}""",
         ),
         _alert(
             s, "SplitRecommended",
-            f"""
-            (
-              ({interference}{{pool="colocated"}} > {_number(s.interference_factor)})
-              and on (pool) ({enough_steps} >= {_number(s.interference_min_steps_per_s)})
-            )
-            and on () (
-                (max({ttft_miss}5m{{mode=~"colocated|chunked"}}) > {miss_budget})
-              or
-                (max({itl_miss}5m{{pool="colocated"}}) > {miss_budget})
-            )
-            and on (pool) ({prefill_share} >= {_number(s.split_min_prefill_time_share)})
-            """,
+            "\nor\n".join((
+                _tagged(f"{ttft_share} >= {share}", "slo_missed", "ttft"),
+                _tagged(f"({itl_share} >= {share})\nand {on_pool} ({prefill_share} >= {heavy})"
+                        f"\nunless {on_pool} ({ttft_share} >= {share})", "slo_missed", "itl"),
+            )),
             s.recommendation_for, "info",
-            f"Split prefill and decode into two pools (interference {value_2f}x, SLO missed)",
-            f"""The colocated pool's prefill steps slow decode steps {value_2f}x, time to first token
-            (SLO {ttft_slo}) or inter-token latency (SLO {itl_slo}) misses its objective for more than
-            {_number(float(miss_budget) * 100)}% of requests (or of token gaps), and prefill takes at least
-            {_number(s.split_min_prefill_time_share * 100)}% of the pool's step time: enough load for a
-            prefill pool of its own. Run `splitscope report` for the P:D ratio.""",
+            "Split prefill and decode into two pools (interfering while missing the {{ $labels.slo_missed }} "
+            "SLO {{ $value | humanizePercentage }} of the time)",
+            f"""{judged} requests (ttft) or token gaps (itl) missed the {{{{ $labels.slo_missed }}}}
+            objective ({slo}). A TTFT miss calls
+            for a split whatever the prefill load, since chunking delays first tokens further; an inter-token
+            miss calls for one when prefill took at least {heavy_pct}% of the pool's step time over the
+            {horizon}, enough load for a prefill pool of its own. Run `splitscope report` for the P:D
+            ratio.{request_note}""",
         ),
         _alert(
             s, "ChunkedPrefillRecommended",
             f"""
-            (
-              ({interference}{{pool="colocated"}} > {_number(s.interference_factor)})
-              and on (pool) ({enough_steps} >= {_number(s.interference_min_steps_per_s)})
-            )
-            and on () (max({itl_miss}5m{{pool="colocated"}}) > {miss_budget})
-            and on (pool) ({prefill_share} < {_number(s.split_min_prefill_time_share)})
+            ({itl_share} >= {share})
+            and {on_pool} ({prefill_share} < {heavy})
+            unless {on_pool} ({ttft_share} >= {share})
             """,
             s.recommendation_for, "info",
-            f"Enable chunked prefill (interference {value_2f}x, inter-token SLO missed, light prefill load)",
-            f"""Prefill in the colocated pool slows decode steps {value_2f}x and more than
-            {_number(float(miss_budget) * 100)}% of token gaps exceed {itl_slo}, but prefill takes under
-            {_number(s.split_min_prefill_time_share * 100)}% of the pool's step time: too little to keep a
+            "Enable chunked prefill (interfering while missing the inter-token SLO "
+            "{{ $value | humanizePercentage }} of the time, light prefill load)",
+            f"""{judged} token gaps exceeded {_number(s.itl_slo_s * 1000)} ms, time to first token held, and
+            prefill took under {heavy_pct}% of the pool's step time over the {horizon}: too little to keep a
             second pool busy. Chunk prefills under a token budget (or lower the budget if chunking is on);
-            `splitscope report` suggests one.""",
+            `splitscope report` suggests one.{request_note}""",
         ),
+    ]  # fmt: skip
+
+
+# -- KV transfer and pools -------------------------------------------------------------------------------------
+
+
+def _kv_transfer_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    stage, ttft = _Names.STAGE, _Names.TTFT
+    by = g.deployment
+    return [{
+        # Mean transfer time over mean TTFT; both are means, so a transfer recorded by sender and
+        # receiver alike does not double the share.
+        "record": "deployment:splitscope_kv_transfer:ttft_share5m",
+        "expr": _promql(f"""
+            (
+              sum by ({by}) (rate({stage}_sum{{stage="kv_transfer"}}[5m]))
+              /
+              sum by ({by}) (rate({stage}_count{{stage="kv_transfer"}}[5m]))
+            )
+            /
+            (
+              sum by ({by}) (rate({ttft}_sum{{mode="disaggregated"}}[5m]))
+              /
+              sum by ({by}) (rate({ttft}_count{{mode="disaggregated"}}[5m]))
+            )
+        """),
+    }]
+
+
+def _kv_transfer_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    failures, window = _Names.KV_FAILURES, s.kv_transfer_failures_window
+    return [
         _alert(
             s, "KVTransferDominatesTTFT",
-            f"cluster:splitscope_kv_transfer:ttft_share5m > {_number(s.kv_transfer_ttft_share)}",
+            f"deployment:splitscope_kv_transfer:ttft_share5m > {_number(s.kv_transfer_ttft_share)}",
             s.kv_transfer_share_for, "warning",
             "KV transfer takes {{ $value | humanizePercentage }} of time to first token",
             f"""The mean KV transfer between the prefill and decode pools is
@@ -314,44 +573,136 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
             (threshold {_number(s.kv_transfer_ttft_share * 100)}%). The link between the pools, not the
             GPUs, sets TTFT.""",
         ),
-        pool_saturated("prefill", "decode", "at least"),
-        pool_saturated("decode", "prefill", "at most"),
-        _alert(
-            s, "TTFTSLOBurn",
-            burn(ttft_miss),
-            s.slo_burn_for, "critical",
-            "Time-to-first-token SLO burning for {{ $labels.gen_ai_request_model }} ({{ $labels.mode }})",
-            f"""{{{{ $value | humanizePercentage }}}} of requests took longer than {ttft_slo} to the first
-            token; the objective allows {_number(budget * 100)}%. At this rate the error budget runs out in
-            days, not weeks (burn windows 1h/5m over {_number(s.fast_burn_factor)}x, or 6h/30m over
-            {_number(s.slow_burn_factor)}x).""",
-        ),
-        _alert(
-            s, "ITLSLOBurn",
-            burn(itl_miss),
-            s.slo_burn_for, "critical",
-            "Inter-token latency SLO burning in pool {{ $labels.pool }}",
-            f"""{{{{ $value | humanizePercentage }}}} of token gaps in pool {{{{ $labels.pool }}}} were longer
-            than {itl_slo}; the objective allows {_number(budget * 100)}%. At this rate the error budget runs
-            out in days, not weeks (burn windows 1h/5m over {_number(s.fast_burn_factor)}x, or 6h/30m over
-            {_number(s.slow_burn_factor)}x).""",
-        ),
         _alert(
             s, "KVTransferFailures",
-            "sum by (reason) (increase(splitscope_kv_transfer_failures_total[5m])) > 0",
+            # A series first seen inside the window (a new process, or a reason not created at 0) counts
+            # with its whole value: increase() needs two samples and would miss a counter born at 1. Only
+            # in a deployment whose failure counters Prometheus already saw a window ago: when Prometheus
+            # itself starts, every counter is new and its value old news.
+            f"""
+            sum by ({g('reason')}) (
+                (
+                  ({failures} unless {failures} offset {window})
+                  and on ({g.deployment}) ({failures} offset {window})
+                )
+              or
+                increase({failures}[{window}])
+            ) > 0
+            """,
             s.kv_transfer_failures_for, "warning",
             "KV transfers failing ({{ $labels.reason }})",
-            """{{ $value | printf "%.0f" }} KV transfer(s) failed in the last 5 minutes with reason
-            {{ $labels.reason }}. Each failed transfer fails its request.""",
+            f"""{{{{ $value | printf "%.0f" }}}} KV transfer(s) failed in the last {window} with reason
+            {{{{ $labels.reason }}}}. Each failed transfer fails its request.""",
         ),
+    ]
+
+
+def _pool_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    busy, workers = "pool:splitscope_worker_busy:ratio5m", "pool:splitscope_pool_workers:max"
+    busy_workers = "pool:splitscope_busy_workers:5m"
+    total = f'sum by ({g.deployment}) ({workers}{{pool=~"prefill|decode"}})'
+    # The prefill share of busy workers, each pool counted as at least one busy worker so an idle pool
+    # neither divides by zero nor asks for zero GPUs.
+    prefill_share = _promql(f"""
+        sum by ({g.deployment}) (clamp_min({busy_workers}{{pool="prefill"}}, 1))
+        /
+        sum by ({g.deployment}) (clamp_min({busy_workers}{{pool=~"prefill|decode"}}, 1))
+    """)
+    return [
+        {
+            # Router and workers may both export the gauge; max, not sum, so it is not counted twice. A
+            # pool watched through sidecars (one per engine instance, no gauge): the workers whose busy
+            # time is reported.
+            "record": workers,
+            "expr": _promql(f"""
+                max by ({g('pool')}) ({_Names.WORKERS})
+                or
+                count by ({g('pool')}) (count by ({g('pool', 'worker')}) ({_Names.PREFILL_BUSY}))
+            """),
+        },
+        {
+            "record": "pool_worker:splitscope_worker_busy_seconds:rate5m",
+            "expr": f"sum by ({g('pool', 'worker')}) (rate({_Names.BUSY}[5m]))",
+        },
+        {
+            "record": busy,
+            "expr": _promql(f"""
+                sum by ({g('pool')}) (pool_worker:splitscope_worker_busy_seconds:rate5m)
+                / on ({g('pool')})
+                {workers}
+            """),
+        },
+        {
+            "record": busy_workers,
+            "expr": f"{busy} * on ({g('pool')}) {workers}",
+        },
+        {
+            "record": f"pool:{_Names.WAITING}:avg5m",
+            "expr": f"avg by ({g('pool')}) (avg_over_time({_Names.WAITING}[5m]))",
+        },
+        {
+            # Today's prefill + decode workers split in proportion to busy workers, rounded, each pool
+            # keeping at least one: a P:D an operator can deploy on the same GPUs.
+            "record": "deployment:splitscope_suggested_prefill_workers:5m",
+            "expr": _promql(f"""
+                (clamp_min(round({total} * {prefill_share}), 1) < on ({g.deployment}) ({total} - 1))
+                or
+                ({total} - 1)
+            """),
+        },
+        {
+            "record": "deployment:splitscope_suggested_decode_workers:5m",
+            "expr": f"{total} - on ({g.deployment}) deployment:splitscope_suggested_prefill_workers:5m",
+        },
+    ]
+
+
+def _pool_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    busy, waiting = "pool:splitscope_worker_busy:ratio5m", f"pool:{_Names.WAITING}:avg5m"
+    on = f"on ({g.deployment})"
+    selector = "{" + ",".join(f"{label}='%s'" for label in g.labels) + "}"
+    label_args = " ".join(f"$labels.{label}" for label in g.labels)
+    decode_workers = (f'{{{{ with printf "deployment:splitscope_suggested_decode_workers:5m{selector}" '
+                      f'{label_args} | query }}}}{{{{ . | first | value }}}}{{{{ end }}}}')  # fmt: skip
+    suggestion = f"{{{{ $value }}}}:{decode_workers}"
+
+    def pool_saturated(pool: str, other: str) -> dict[str, Any]:
+        """`pool` saturated while `other` has headroom: the suggested split of today's workers."""
+        expr = "\n".join((
+            "deployment:splitscope_suggested_prefill_workers:5m",
+            f'and {on} ({busy}{{pool="{pool}"}} > {_number(s.saturated_busy_ratio)})',
+            f'and {on} ({waiting}{{pool="{pool}"}} > {_number(s.saturated_waiting_per_worker)})',
+            f'and {on} ({busy}{{pool="{other}"}} < {_number(s.headroom_busy_ratio)})',
+        ))
+        return _alert(
+            s, f"{pool.capitalize()}PoolSaturated", expr,
+            s.pool_saturated_for, "warning",
+            f"{pool.capitalize()} pool saturated while {other} has headroom; suggest P:D = {suggestion}",
+            f"""The {pool} pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
+            {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the {other} pool is
+            under {_number(s.headroom_busy_ratio * 100)}% busy. Today's prefill and decode workers split in
+            proportion to their busy workers, each pool keeping at least one, is P:D = {suggestion}. The
+            {pool} pool's busy ratio cannot exceed 100%, so its true demand is higher: move more GPUs from
+            {other} to {pool} if the alert persists.""",
+        )  # fmt: skip
+
+    return [pool_saturated("prefill", "decode"), pool_saturated("decode", "prefill")]
+
+
+# -- the telemetry pipeline itself -----------------------------------------------------------------------------
+
+
+def _pipeline_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    return [
         _alert(
             s, "TracerDroppingRecords",
-            "sum by (instance, reason) (rate(splitscope_tracer_dropped_records_total[5m])) > 0",
+            f"sum by ({g('instance', 'worker', 'reason')}) (rate({_Names.DROPPED}[5m])) > 0",
             s.tracer_dropping_for, "warning",
             "Tracer on {{ $labels.instance }} dropping records ({{ $labels.reason }})",
-            """The tracer on {{ $labels.instance }} drops {{ $value | printf "%.2f" }} records per second
-            (reason {{ $labels.reason }}): its ring or exporter cannot keep up, so traces and metrics undercount
-            what the engine does. Serving itself is not slowed.""",
+            """The tracer on {{ $labels.instance }}{{ with $labels.worker }} (worker {{ . }}){{ end }} drops
+            {{ $value | printf "%.2f" }}
+            records per second (reason {{ $labels.reason }}): its ring or exporter cannot keep up, so traces
+            and metrics undercount what the engine does. Serving itself is not slowed.""",
         ),
         _alert(
             s, "TelemetryAbsent",
@@ -366,6 +717,35 @@ def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
             exists. Every other splitscope alert is blind until this clears.""",
         ),
     ]
+
+
+def _quantile_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    rules = []
+    for quantile, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        for level, histogram, labels in (("model_mode", _Names.TTFT, ("gen_ai_request_model", "mode")),
+                                         ("pool", _Names.ITL, ("pool",)),
+                                         ("pool_stage", _Names.STAGE, ("pool", "stage"))):  # fmt: skip
+            rules.append({
+                "record": f"{level}:{histogram}:{name}_5m",
+                "expr": f"histogram_quantile({quantile}, sum by ({g(*labels, 'le')}) (rate({histogram}_bucket[5m])))",
+            })
+    return rules
+
+
+def _all_rules(s: AlertSettings) -> list[tuple[dict[str, Any], bool]]:
+    """(rule, judged over the recommendation horizon) of every rule, in dependency order: a rule reads only
+    recording rules listed before it."""
+    g = _Grouping(s)
+    parts = (
+        _interference_records, _slo_records, _recommendation_records, _kv_transfer_records, _pool_records,
+        _quantile_records,
+        _interference_alerts, _kv_transfer_alerts, _pool_alerts, _slo_burn_alerts, _pipeline_alerts,
+    )  # fmt: skip
+    return [(rule, part is _recommendation_records) for part in parts for rule in part(s, g)]
+
+
+def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
+    return [rule for rule, _ in _all_rules(s) if "alert" in rule]
 
 
 def _duration_s(duration: str) -> float:
@@ -383,29 +763,35 @@ def render_rules(
     for_scale: float = 1.0,
     range_override: str | None = None,
     settings: AlertSettings = DEFAULT_SETTINGS,
+    horizon_override: str | None = None,
 ) -> dict[str, Any]:
     """The rule file as a dict (what `yaml.safe_dump` writes as alerts/rules.yaml).
 
     `for_scale` multiplies every `for:` duration; `range_override` (a Prometheus duration such as "20s")
-    replaces every range window in every expression. Both exist for live tests; the committed file uses the
-    defaults. Raises ValueError for settings that cannot work or an expression promql-parser rejects.
+    replaces every range window in every expression, and `horizon_override` (default: `range_override`)
+    those of the recommendations' horizon, so a live test can keep the horizon longer than the windows.
+    They exist for live tests; the committed file uses the defaults. Raises ValueError for settings that
+    cannot work or an expression promql-parser rejects.
     """
     settings.validate()
     if for_scale < 0:
         raise ValueError(f"for_scale must be >= 0, got {for_scale}")
-    if range_override is not None:
-        _duration_s(range_override)  # raises on a malformed duration
+    for override in (range_override, horizon_override):
+        if override is not None:
+            _duration_s(override)  # raises on a malformed duration
+    horizon_override = horizon_override or range_override
 
+    rules = []
+    for rule, over_horizon in _all_rules(settings):
+        window = horizon_override if over_horizon else range_override
+        if window is not None:
+            rule["expr"] = _RANGE_WINDOW.sub(f"[{window}]", rule["expr"])
+        rules.append(rule)
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording rules of
     # the same evaluation. Across groups the order is unspecified and an alert would lag by an interval.
-    groups = [{
-        "name": "splitscope",
-        "rules": _recording_rules(settings) + _slo_rules(settings) + _alerting_rules(settings),
-    }]
+    groups = [{"name": "splitscope", "rules": rules}]
     for group in groups:
         for rule in group["rules"]:
-            if range_override is not None:
-                rule["expr"] = _RANGE_WINDOW.sub(f"[{range_override}]", rule["expr"])
             if "for" in rule:
                 rule["for"] = _scaled_duration(rule["for"], for_scale)
             try:
@@ -432,17 +818,14 @@ def render_rules_yaml(
     for_scale: float = 1.0,
     range_override: str | None = None,
     settings: AlertSettings = DEFAULT_SETTINGS,
+    horizon_override: str | None = None,
 ) -> str:
     """`render_rules()` as the YAML text of a Prometheus rule file (deterministic: same input, same bytes)."""
     body = yaml.dump(
-        render_rules(for_scale, range_override, settings),
+        render_rules(for_scale, range_override, settings, horizon_override),
         Dumper=_RulesDumper,
         sort_keys=False,
         allow_unicode=True,
         width=1000,
     )
     return HEADER + body
-
-
-def alert_names(settings: AlertSettings = DEFAULT_SETTINGS) -> list[str]:
-    return [rule["alert"] for rule in _alerting_rules(settings)]

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig, run_load_sync
+from tracer.load import BurstSpec, ClientSLO, LengthSpec, LoadConfig, run_load_sync
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,10 +72,14 @@ def start_server(preset: str, layout: list[str], port: int, log_path: Path) -> s
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    samples = {}
+    # Each worker's series carry its `worker` (and `namespace`) label; add them up per pool here, as a
+    # `sum by` would in Prometheus.
+    samples: dict[tuple[str, tuple], float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            labels = tuple(sorted((k, v) for k, v in sample.labels.items() if k not in ("worker", "namespace")))
+            key = (sample.name, labels)
+            samples[key] = samples.get(key, 0.0) + sample.value
     return samples
 
 
@@ -134,7 +138,7 @@ def run_mode(mode: str, layout: list[str], opts: argparse.Namespace, work_dir: P
             prompt=LengthSpec(opts.prompt_tokens),
             output=LengthSpec(opts.output_tokens),
             burst=BurstSpec(every_s=opts.burst_every, count=1, prompt_tokens=opts.long_prompt_tokens),
-            slo=SLO(ttft_s=opts.slo_ttft, itl_s=opts.slo_itl),
+            slo=ClientSLO(ttft_s=opts.slo_ttft, itl_s=opts.slo_itl),
             seed=opts.seed,
             timeout_s=120,
         )

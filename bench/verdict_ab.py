@@ -45,8 +45,8 @@ import numpy as np
 
 from reference_server.launch import ServeConfig
 from reference_server.process import ServerProcess
-from tracer.load import SLO as LoadSLO
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
+from tracer.load import ClientSLO as LoadSLO
 from tracer.load.workload import build_schedule
 from tracer.report.build import (
     OptionResult,
@@ -55,9 +55,9 @@ from tracer.report.build import (
     build_report,
     measure,
 )
-from tracer.report.load import load_traces
 from tracer.report.render import render
 from tracer.report.simulate import SLO
+from tracer.report.tables import load_traces
 
 PRESET = "small"
 MAX_BATCH = ServeConfig.max_batch

@@ -14,7 +14,7 @@ from typing import Any
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
-from dashboards import gpu, interference, kv_transfer, overview, stages, tracer_health
+from tracer.dashboards import gpu, interference, kv_transfer, overview, stages, tracer_health
 
 GENERATED_DIR = Path(__file__).with_name("generated")
 

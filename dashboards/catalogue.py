@@ -17,8 +17,8 @@ from typing import Any
 
 import promql_parser
 
-from alerts.rules import render_rules
-from dashboards.build import render_all
+from tracer.alerts.rules import render_rules
+from tracer.dashboards.build import render_all
 
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # Series Prometheus makes itself, not any exporter.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from dashboards.build import GENERATED_DIR, stale_files, write_all
+from tracer.dashboards.build import GENERATED_DIR, stale_files, write_all
 
 
 @click.group("dashboards")

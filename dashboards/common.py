@@ -19,8 +19,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
-from alerts.rules import le_matcher  # noqa: F401  (re-exported: one spelling of bucket bounds)
-from alerts.settings import DEFAULT_SETTINGS
+from tracer.alerts.rules import le_matcher  # noqa: F401  (re-exported: one spelling of bucket bounds)
+from tracer.alerts.settings import DEFAULT_SETTINGS
 
 # Every query goes through the dashboard's datasource variable, so one JSON works in any Grafana.
 PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -28,8 +28,12 @@ PROMETHEUS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 TRACES_DATASOURCE_UID = "splitscope-traces"
 
 DASHBOARD_TAG = "splitscope"
-MODEL = 'gen_ai_request_model=~"$model"'
-POOL = 'pool=~"$pool"'
+# Deployments sharing one Prometheus are told apart by these labels (as in the alert rules): every
+# aggregation keeps them, every selector is limited to the deployments picked in the `namespace` variable.
+DEPLOYMENT = ", ".join(DEFAULT_SETTINGS.deployment_labels)
+NAMESPACE = 'namespace=~"$namespace"'
+MODEL = f'{NAMESPACE}, gen_ai_request_model=~"$model"'
+POOL = f'{NAMESPACE}, pool=~"$pool"'
 RATE = "$__rate_interval"
 
 TTFT_SLO_S = DEFAULT_SETTINGS.ttft_slo_s
@@ -40,14 +44,15 @@ def prom_query(expr: str, legend: str = "", exemplar: bool = False) -> prometheu
     """A range query against the dashboard's Prometheus; `exemplar` shows trace-id exemplars on it."""
     query = prometheus.Dataquery().expr(expr).range().datasource(PROMETHEUS)
     if legend:
-        query = query.legend_format(legend)
+        query = query.legend_format(f"{{{{namespace}}}} {legend}")
     return query.exemplar(exemplar)
 
 
 def quantile_query(quantile: float, histogram: str, by: str, matchers: str, legend: str,
                    exemplar: bool = True) -> prometheus.Dataquery:
-    """`histogram_quantile` of a classic histogram over `$__rate_interval`, grouped by `by` (plus `le`)."""
-    grouping = f"{by}, le" if by else "le"
+    """`histogram_quantile` of a classic histogram over `$__rate_interval`, grouped by the deployment labels,
+    `by` and `le`."""
+    grouping = ", ".join(part for part in (DEPLOYMENT, by, "le") if part)
     return prom_query(
         f"histogram_quantile({quantile}, sum by ({grouping}) (rate({histogram}_bucket{{{matchers}}}[{RATE}])))",
         legend,
@@ -56,10 +61,11 @@ def quantile_query(quantile: float, histogram: str, by: str, matchers: str, lege
 
 
 def mean_query(histogram: str, by: str, matchers: str, legend: str) -> prometheus.Dataquery:
-    """Mean of a histogram's observations over `$__rate_interval`: rate of `_sum` over rate of `_count`."""
+    """Mean of a histogram's observations over `$__rate_interval`: rate of `_sum` over rate of `_count`,
+    per deployment and `by`."""
     return prom_query(
-        f"sum by ({by}) (rate({histogram}_sum{{{matchers}}}[{RATE}]))"
-        f" / sum by ({by}) (rate({histogram}_count{{{matchers}}}[{RATE}]))",
+        f"sum by ({DEPLOYMENT}, {by}) (rate({histogram}_sum{{{matchers}}}[{RATE}]))"
+        f" / sum by ({DEPLOYMENT}, {by}) (rate({histogram}_count{{{matchers}}}[{RATE}]))",
         legend,
     )
 
@@ -155,6 +161,7 @@ def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard
         .refresh("30s")
         .timezone("browser")
         .with_variable(datasource_variable())
+        .with_variable(label_variable("namespace", "namespace", "splitscope_worker_busy_seconds_total", "Deployment"))
         .with_variable(
             label_variable("model", "gen_ai_request_model", "gen_ai_server_request_duration_seconds_count",
                            "Model")

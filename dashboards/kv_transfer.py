@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
-    MODEL, RATE, default_timeseries, new_dashboard, prom_query, quantile_query,
+from tracer.dashboards.common import (
+    DEPLOYMENT, MODEL, NAMESPACE, RATE, default_timeseries, new_dashboard, prom_query, quantile_query,
 )
 
 UID = "splitscope-kv-transfer"
 STAGE = "splitscope_stage_duration_seconds"
-KV = 'stage="kv_transfer"'
+KV = f'{NAMESPACE}, stage="kv_transfer"'
 
 
 def build() -> dashboard.Dashboard:
@@ -22,7 +22,7 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             default_timeseries("Bytes per second", "Bps", "KV bytes sent between pools per second.")
             .with_target(prom_query(
-                f"sum by (src_pool, dst_pool) (rate(splitscope_kv_transfer_bytes_total[{RATE}]))",
+                f"sum by ({DEPLOYMENT}, src_pool, dst_pool) (rate(splitscope_kv_transfer_bytes_total{{{NAMESPACE}}}[{RATE}]))",
                 "{{src_pool}} → {{dst_pool}}",
             ))
         )
@@ -40,15 +40,15 @@ def build() -> dashboard.Dashboard:
                 "the link means per-transfer overhead (handshake, small blocks, few streams).",
             )
             .with_target(prom_query(
-                f"sum(rate(splitscope_kv_transfer_bytes_total[{RATE}]))"
-                f" / sum(rate({STAGE}_sum{{{KV}}}[{RATE}]))",
+                f"sum by ({DEPLOYMENT}) (rate(splitscope_kv_transfer_bytes_total{{{NAMESPACE}}}[{RATE}]))"
+                f" / sum by ({DEPLOYMENT}) (rate({STAGE}_sum{{{KV}}}[{RATE}]))",
                 "bytes per transfer-second",
             ))
         )
         .with_panel(
             default_timeseries("Failures by reason", "short", "Failed KV transfers per second; each fails a request.")
             .with_target(prom_query(
-                f"sum by (reason) (rate(splitscope_kv_transfer_failures_total[{RATE}]))", "{{reason}}"
+                f"sum by ({DEPLOYMENT}, reason) (rate(splitscope_kv_transfer_failures_total{{{NAMESPACE}}}[{RATE}]))", "{{reason}}"
             ))
         )
         .with_panel(
@@ -58,14 +58,14 @@ def build() -> dashboard.Dashboard:
             )
             .min(0)
             .with_target(prom_query(
-                f"(sum(rate({STAGE}_sum{{{KV}}}[{RATE}])) / sum(rate({STAGE}_count{{{KV}}}[{RATE}])))"
-                f" / (sum(rate(gen_ai_server_time_to_first_token_seconds_sum{{{MODEL}, mode=\"disaggregated\"}}[{RATE}]))"
-                f" / sum(rate(gen_ai_server_time_to_first_token_seconds_count{{{MODEL}, mode=\"disaggregated\"}}[{RATE}])))",
+                f"(sum by ({DEPLOYMENT}) (rate({STAGE}_sum{{{KV}}}[{RATE}])) / sum by ({DEPLOYMENT}) (rate({STAGE}_count{{{KV}}}[{RATE}])))"
+                f" / (sum by ({DEPLOYMENT}) (rate(gen_ai_server_time_to_first_token_seconds_sum{{{MODEL}, mode=\"disaggregated\"}}[{RATE}]))"
+                f" / sum by ({DEPLOYMENT}) (rate(gen_ai_server_time_to_first_token_seconds_count{{{MODEL}, mode=\"disaggregated\"}}[{RATE}])))",
                 "kv_transfer / TTFT",
             ))
         )
         .with_panel(
             default_timeseries("Transfers per second", "short", "KV transfers completed per second, per pool side.")
-            .with_target(prom_query(f"sum by (pool) (rate({STAGE}_count{{{KV}}}[{RATE}]))", "{{pool}}"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}, pool) (rate({STAGE}_count{{{KV}}}[{RATE}]))", "{{pool}}"))
         )
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
-    ITL_SLO_S, MODEL, POOL, RATE, TTFT_SLO_S, default_stat, default_timeseries, le_matcher, new_dashboard,
+from tracer.dashboards.common import (
+    DEPLOYMENT, ITL_SLO_S, MODEL, POOL, RATE, TTFT_SLO_S, default_stat, default_timeseries, le_matcher, new_dashboard,
     prom_query, quantile_query, with_slo_line,
 )
 
@@ -24,12 +24,12 @@ def _percentiles(histogram: str, by: str, matchers: str) -> list:
 
 def build() -> dashboard.Dashboard:
     ttft_attained = (
-        f"sum by (gen_ai_request_model) (rate({TTFT}_bucket{{{MODEL}, {le_matcher(TTFT_SLO_S)}}}[{RATE}]))"
-        f" / sum by (gen_ai_request_model) (rate({TTFT}_count{{{MODEL}}}[{RATE}]))"
+        f"sum by ({DEPLOYMENT}, gen_ai_request_model) (rate({TTFT}_bucket{{{MODEL}, {le_matcher(TTFT_SLO_S)}}}[{RATE}]))"
+        f" / sum by ({DEPLOYMENT}, gen_ai_request_model) (rate({TTFT}_count{{{MODEL}}}[{RATE}]))"
     )
     itl_attained = (
-        f"sum by (pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))"
-        f" / sum by (pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
+        f"sum by ({DEPLOYMENT}, pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))"
+        f" / sum by ({DEPLOYMENT}, pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
     )
     board = new_dashboard(
         UID, "splitscope / Overview",
@@ -39,7 +39,7 @@ def build() -> dashboard.Dashboard:
         board
         .with_panel(
             default_stat("Requests / s", "reqps", "Completed requests per second.")
-            .with_target(prom_query(f"sum(rate({DURATION}_count{{{MODEL}}}[{RATE}]))"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}) (rate({DURATION}_count{{{MODEL}}}[{RATE}]))"))
         )
         .with_panel(
             default_stat("TTFT p95", "s", f"95th percentile time to first token (SLO {TTFT_SLO_S:g} s).")
@@ -51,7 +51,7 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             default_stat("Output tokens / s", "short", "Decode tokens generated per second.")
-            .with_target(prom_query(f'sum(rate(splitscope_tokens_total{{{POOL}, phase="decode"}}[{RATE}]))'))
+            .with_target(prom_query(f'sum by ({DEPLOYMENT}) (rate(splitscope_tokens_total{{{POOL}, phase="decode"}}[{RATE}]))'))
         )
         .with_panel(
             with_slo_line(default_timeseries(
@@ -78,13 +78,13 @@ def build() -> dashboard.Dashboard:
         .with_panel(
             default_timeseries("Throughput", "reqps", "Completed requests per second by serving mode.")
             .with_target(prom_query(
-                f"sum by (mode) (rate({DURATION}_count{{{MODEL}}}[{RATE}]))", "{{mode}} requests/s"
+                f"sum by ({DEPLOYMENT}, mode) (rate({DURATION}_count{{{MODEL}}}[{RATE}]))", "{{mode}} requests/s"
             ))
         )
         .with_panel(
             default_timeseries("Tokens / s", "short", "Prompt (prefill) and generated (decode) tokens per second.")
             .with_target(prom_query(
-                f"sum by (pool, phase) (rate(splitscope_tokens_total{{{POOL}}}[{RATE}]))", "{{pool}} {{phase}}"
+                f"sum by ({DEPLOYMENT}, pool, phase) (rate(splitscope_tokens_total{{{POOL}}}[{RATE}]))", "{{pool}} {{phase}}"
             ))
         )
         .with_panel(
@@ -95,9 +95,9 @@ def build() -> dashboard.Dashboard:
                 "goodput.",
             )
             .with_target(prom_query(
-                f"sum(rate({TTFT}_bucket{{{MODEL}, {le_matcher(TTFT_SLO_S)}}}[{RATE}]))", "within TTFT SLO"
+                f"sum by ({DEPLOYMENT}) (rate({TTFT}_bucket{{{MODEL}, {le_matcher(TTFT_SLO_S)}}}[{RATE}]))", "within TTFT SLO"
             ))
-            .with_target(prom_query(f"sum(rate({TTFT}_count{{{MODEL}}}[{RATE}]))", "all requests"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}) (rate({TTFT}_count{{{MODEL}}}[{RATE}]))", "all requests"))
         )
         .with_panel(
             default_timeseries(

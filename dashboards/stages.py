@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import (
-    POOL, RATE, default_timeseries, mean_query, new_dashboard, prom_query, quantile_query, stacked,
+from tracer.dashboards.common import (
+    DEPLOYMENT, POOL, RATE, default_timeseries, mean_query, new_dashboard, prom_query, quantile_query, stacked,
 )
 
 UID = "splitscope-stages"
@@ -14,8 +14,8 @@ STAGE = "splitscope_stage_duration_seconds"
 
 def build() -> dashboard.Dashboard:
     busy_ratio = (
-        f"sum by (pool) (rate(splitscope_worker_busy_seconds_total{{{POOL}}}[{RATE}]))"
-        f" / on (pool) max by (pool) (splitscope_pool_workers{{{POOL}}})"
+        f"sum by ({DEPLOYMENT}, pool) (rate(splitscope_worker_busy_seconds_total{{{POOL}}}[{RATE}]))"
+        f" / on ({DEPLOYMENT}, pool) max by ({DEPLOYMENT}, pool) (splitscope_pool_workers{{{POOL}}})"
     )
     return (
         new_dashboard(
@@ -37,12 +37,12 @@ def build() -> dashboard.Dashboard:
                 "Seconds spent in each stage per second of wall time, summed over requests: the stage that "
                 "grows is where added load goes.",
             ))
-            .with_target(prom_query(f"sum by (stage) (rate({STAGE}_sum{{{POOL}}}[{RATE}]))", "{{stage}}"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}, stage) (rate({STAGE}_sum{{{POOL}}}[{RATE}]))", "{{stage}}"))
         )
         .with_panel(
             default_timeseries("Queue depth", "short", "Requests waiting and running, per pool.")
-            .with_target(prom_query(f"sum by (pool) (splitscope_requests_waiting{{{POOL}}})", "waiting {{pool}}"))
-            .with_target(prom_query(f"sum by (pool) (splitscope_requests_running{{{POOL}}})", "running {{pool}}"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}, pool) (splitscope_requests_waiting{{{POOL}}})", "waiting {{pool}}"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}, pool) (splitscope_requests_running{{{POOL}}})", "running {{pool}}"))
         )
         .with_panel(
             default_timeseries(
@@ -57,19 +57,19 @@ def build() -> dashboard.Dashboard:
             default_timeseries("Busy ratio per worker", "percentunit", "Busy seconds per second of each worker.")
             .min(0).max(1)
             .with_target(prom_query(
-                f"sum by (pool, worker) (rate(splitscope_worker_busy_seconds_total{{{POOL}}}[{RATE}]))",
+                f"sum by ({DEPLOYMENT}, pool, worker) (rate(splitscope_worker_busy_seconds_total{{{POOL}}}[{RATE}]))",
                 "{{pool}}/{{worker}}",
             ))
         )
         .with_panel(
             default_timeseries("Workers per pool", "short", "Workers the launcher started in each pool.")
-            .with_target(prom_query(f"max by (pool) (splitscope_pool_workers{{{POOL}}})", "{{pool}}"))
+            .with_target(prom_query(f"max by ({DEPLOYMENT}, pool) (splitscope_pool_workers{{{POOL}}})", "{{pool}}"))
         )
         .with_panel(
             default_timeseries("KV cache usage", "percentunit", "Share of KV cache blocks in use, per worker.")
             .min(0).max(1)
             .with_target(prom_query(
-                f"max by (pool, worker) (splitscope_kv_cache_usage_ratio{{{POOL}}})", "{{pool}}/{{worker}}"
+                f"max by ({DEPLOYMENT}, pool, worker) (splitscope_kv_cache_usage_ratio{{{POOL}}})", "{{pool}}/{{worker}}"
             ))
         )
         .with_panel(
@@ -77,8 +77,8 @@ def build() -> dashboard.Dashboard:
                                "Prompt tokens served from the prefix cache over prompt tokens looked up.")
             .min(0).max(1)
             .with_target(prom_query(
-                f"sum by (pool) (rate(splitscope_prefix_cache_hit_tokens_total{{{POOL}}}[{RATE}]))"
-                f" / sum by (pool) (rate(splitscope_prefix_cache_queried_tokens_total{{{POOL}}}[{RATE}]))",
+                f"sum by ({DEPLOYMENT}, pool) (rate(splitscope_prefix_cache_hit_tokens_total{{{POOL}}}[{RATE}]))"
+                f" / sum by ({DEPLOYMENT}, pool) (rate(splitscope_prefix_cache_queried_tokens_total{{{POOL}}}[{RATE}]))",
                 "{{pool}}",
             ))
         )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from alerts.settings import DEFAULT_SETTINGS
-from dashboards.common import RATE, default_stat, default_timeseries, new_dashboard, prom_query
+from tracer.alerts.settings import DEFAULT_SETTINGS
+from tracer.dashboards.common import DEPLOYMENT, NAMESPACE, RATE, default_stat, default_timeseries, new_dashboard, prom_query
 
 UID = "splitscope-tracer-health"
 JOBS = f'job=~"{DEFAULT_SETTINGS.scrape_job_regex}"'
@@ -23,7 +23,7 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             default_stat("Dropped records / s", "short", "All reasons, all processes.")
-            .with_target(prom_query(f"sum(rate(splitscope_tracer_dropped_records_total[{RATE}]))"))
+            .with_target(prom_query(f"sum by ({DEPLOYMENT}) (rate(splitscope_tracer_dropped_records_total{{{NAMESPACE}}}[{RATE}]))"))
         )
         .with_panel(
             default_timeseries(
@@ -31,8 +31,8 @@ def build() -> dashboard.Dashboard:
                 "Records the ring dropped (oldest first) or the exporter gave up on, by process and reason.",
             )
             .with_target(prom_query(
-                f"sum by (instance, reason) (rate(splitscope_tracer_dropped_records_total[{RATE}]))",
-                "{{instance}} {{reason}}",
+                f"sum by ({DEPLOYMENT}, instance, worker, reason) (rate(splitscope_tracer_dropped_records_total{{{NAMESPACE}}}[{RATE}]))",
+                "{{instance}} {{worker}} {{reason}}",
             ))
         )
         .with_panel(
@@ -41,7 +41,7 @@ def build() -> dashboard.Dashboard:
                 "Records waiting in the ring or for their CUDA events; a steady climb means the pipeline "
                 "falls behind.",
             )
-            .with_target(prom_query("splitscope_tracer_pending_records", "{{instance}}"))
+            .with_target(prom_query(f"splitscope_tracer_pending_records{{{NAMESPACE}}}", "{{instance}} {{worker}}"))
         )
         .with_panel(
             default_timeseries("Scrape targets", "short", "1 when the target's last scrape succeeded.")

@@ -19,12 +19,19 @@ once it is resolved, so every span start/end takes its own mark.
 Blocks are touched by the engine thread and, on a decode worker, by the KV receiver's threads (it
 allocates destination blocks as a transfer starts): `allocator_lock` serialises the two; the engine holds
 it only around scheduler calls, never around the forward.
+
+Capacity on a decode worker is waited for, within a bound (`kv_wait_s`), never failed with a 500: a
+transfer short of destination blocks waits in `allocate_blocks` (the receiver's thread) for blocks to come
+back, and an arrived prompt short of the blocks to grow to its whole length is parked, first come first
+served, holding its KV. Past the bound the request gets a 503 (the client retries). A request aborted by
+its client leaves wherever it is -- queued, parked, running -- and its blocks go back at once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence as SequenceOf
@@ -34,14 +41,16 @@ from typing import Any
 import torch
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, KVCachePool, OutOfBlocks, blocks_for_tokens
-from reference_server.model import SeqSlice, Transformer, sample_no_sync
+from reference_server.model import SeqSlice, Transformer, multinomial_sample_one_no_sync, sample_no_sync
 from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, Sequence, SeqState, StepPlan
 from tracer import TraceContext
 from tracer import spans as s
-from tracer.metrics import WorkerMetrics
+from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics
 from tracer.timing import perf_counter_ns
 
 log = logging.getLogger(__name__)
+
+KV_REFUSED = KV_FAILURE_REFUSED  # the KV transfer failure reason for "the receiver had no room"
 
 # Scheduler policy of each worker role.
 POLICY_OF_ROLE = {"colocated": "colocated", "chunked": "chunked", "prefill": "prefill-only", "decode": "decode-only"}
@@ -81,6 +90,16 @@ class Tracked:
     token_prefill_tokens: array = field(default_factory=lambda: array("i"))
 
 
+@dataclass
+class _Arrived:
+    """Decode role: a request whose prompt KV arrived (its blocks held) and that waits to be scheduled."""
+
+    tracked: Tracked
+    block_ids: list[int]
+    first_token: int
+    deadline_s: float  # time.monotonic() after which it is refused (503) if the cache is still short
+
+
 class Engine:
     """One worker's model, KV cache and scheduler, driven by `run()` on a dedicated thread.
 
@@ -105,6 +124,7 @@ class Engine:
         anchor: Callable[[], None] | None = None,
         on_handoff: Callable[[Tracked, int, int], None] | None = None,
         kv_address: str = "",
+        kv_wait_s: float = 5.0,
         on_fatal: Callable[[str], None] | None = None,
     ) -> None:
         if role not in POLICY_OF_ROLE:
@@ -124,6 +144,9 @@ class Engine:
             max_waiting_requests=max_waiting_requests,
         )
         self.allocator_lock = threading.Lock()
+        # Notified whenever blocks go back to the allocator: a KV receiver waiting for room wakes up.
+        self._room = threading.Condition(self.allocator_lock)
+        self.kv_wait_s = kv_wait_s
         self.tracer = tracer
         self.clock = getattr(tracer, "clock", None)
         self.metrics = metrics
@@ -137,6 +160,7 @@ class Engine:
         self._stop = threading.Event()
         self._tracked: dict[str, Tracked] = {}
         self._expected: dict[str, Tracked] = {}  # decode workers: waiting for their KV to arrive
+        self._parked: deque[_Arrived] = deque()  # decode workers: KV arrived, waiting for room to grow into
         self._thread: threading.Thread | None = None
         self.steps_total = 0
         self._on_fatal = on_fatal
@@ -166,7 +190,8 @@ class Engine:
 
     def _admit_check(self) -> None:
         # An approximate bound (read without a lock): the scheduler's own bound is exact.
-        if len(self._inbox) + self.scheduler.num_waiting + len(self._expected) >= self.max_waiting_requests:
+        waiting = len(self._inbox) + self.scheduler.num_waiting + len(self._expected) + len(self._parked)
+        if waiting >= self.max_waiting_requests:
             raise QueueFull(f"worker queue is full ({self.max_waiting_requests} requests waiting)")
 
     def submit(
@@ -211,22 +236,31 @@ class Engine:
         self._post(("finish", request_id))
 
     def allocate_blocks(self, count: int) -> list[int] | None:
-        """KV receiver callback: `count` destination blocks, or None when the cache is short."""
-        with self.allocator_lock:
-            try:
-                return self.allocator.allocate(count)
-            except OutOfBlocks:
-                return None
+        """KV receiver callback (a receiver connection thread): `count` destination blocks, or None when
+        the cache stays short. Blocks up to `kv_wait_s` for running requests to give blocks back, so a
+        burst waits for room instead of failing; the receiver then refuses, and the client gets a 503."""
+        deadline_s = time.monotonic() + self.kv_wait_s
+        with self._room:
+            while True:
+                try:
+                    return self.allocator.allocate(count)
+                except OutOfBlocks:
+                    pass
+                remaining_s = deadline_s - time.monotonic()
+                if remaining_s <= 0 or self._stop.is_set() or count > self.allocator.num_blocks:
+                    return None
+                self._room.wait(remaining_s)
 
     def free_blocks(self, block_ids: SequenceOf[int]) -> None:
         """KV receiver callback: give back the blocks of a failed transfer."""
-        with self.allocator_lock:
+        with self._room:
             self.allocator.free(block_ids)
+            self._room.notify_all()
 
     def load(self) -> dict[str, Any]:
         """A snapshot for /health (reads without a lock: values may be one iteration stale)."""
         return {
-            "waiting": self.scheduler.num_waiting + len(self._expected),
+            "waiting": self.scheduler.num_waiting + len(self._expected) + len(self._parked),
             "running": self.scheduler.num_running,
             "kv_cache_usage": round(self.allocator.usage_ratio(), 4),
             "steps": self.steps_total,
@@ -253,6 +287,8 @@ class Engine:
         while not self._stop.is_set():
             try:
                 self._drain_inbox()
+                if self._parked:
+                    self._admit_parked()
                 if not self.scheduler.has_work:
                     self._set_gauges()
                     self._wait()
@@ -317,48 +353,82 @@ class Engine:
             self.free_blocks(block_ids)
             self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", "transfer metadata does not match the request"))
             return
-        table = BlockTable(self.allocator.block_size, list(block_ids), 0)
+        tracked.remote_cached_tokens = int(meta.get("cached_tokens") or 0)
+        arrived = _Arrived(tracked, list(block_ids), first_token, time.monotonic() + self.kv_wait_s)
+        if self._parked or not self._admit_arrived(arrived):  # first come, first served
+            self._parked.append(arrived)
+
+    def _admit_arrived(self, arrived: _Arrived) -> bool:
+        """Decode role: give an arrived prompt's KV to the scheduler, which grows it to the request's whole
+        length. False while the cache is short of those blocks and its wait (`kv_wait_s`) is not over: it
+        stays parked, holding its prompt's blocks. True once admitted, or answered with an error."""
+        tracked = arrived.tracked
+        request = tracked.request
+        table = BlockTable(self.allocator.block_size, list(arrived.block_ids), 0)
         try:
             with self.allocator_lock:
-                seq = self.scheduler.add_prefilled(request, table, first_token)
-        except (RequestRejected, QueueFull, OutOfBlocks) as exc:
-            self.free_blocks(block_ids)
-            status = 503 if isinstance(exc, (QueueFull, OutOfBlocks)) else 400
+                seq = self.scheduler.add_prefilled(request, table, arrived.first_token)
+        except OutOfBlocks as exc:
+            if time.monotonic() < arrived.deadline_s:
+                return False
+            self.free_blocks(arrived.block_ids)
+            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", f"KV cache is full on this decode worker: {exc}"))
+            return True
+        except (RequestRejected, QueueFull) as exc:
+            self.free_blocks(arrived.block_ids)
+            status = 503 if isinstance(exc, QueueFull) else 400
             self._send_now(tracked.sink, (EVENT_ERROR, status, "overloaded" if status == 503 else "invalid_request_error", str(exc)))
-            return
+            return True
         tracked.seq = seq
-        tracked.remote_cached_tokens = int(meta.get("cached_tokens") or 0)
         tracked.decode_start = self.tracer.mark()
         tracked.token_perf_ns.append(perf_counter_ns())
         tracked.token_prefill_tokens.append(0)
-        events: list[tuple[Sink, tuple]] = [(tracked.sink, (EVENT_TOKEN, first_token))]
+        events: list[tuple[Sink, tuple]] = [(tracked.sink, (EVENT_TOKEN, arrived.first_token))]
         if seq.is_finished:
             self._finish(tracked, events)
         else:
-            self._tracked[request_id] = tracked
+            self._tracked[request.request_id] = tracked
         self.deliver(events)
+        return True
+
+    def _admit_parked(self) -> None:
+        """Engine thread, every iteration: admit parked arrivals in order while they fit (or time out)."""
+        parked = self._parked
+        while parked and self._admit_arrived(parked[0]):
+            parked.popleft()
 
     def _on_kv_failed(self, request_id: str, reason: str) -> None:
         tracked = self._expected.pop(request_id, None)
-        if tracked is not None:
+        if tracked is None:
+            return
+        if reason == KV_REFUSED:  # no room for its blocks, even after waiting: capacity, retryable
+            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", "KV cache is full on this decode worker (transfer refused)"))
+        else:
             self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({reason})"))
 
     def _on_abort(self, request_id: str, reason: str) -> None:
         self._expected.pop(request_id, None)
+        for arrived in self._parked:
+            if arrived.tracked.request.request_id == request_id:  # parked for room: give its blocks back now
+                self._parked.remove(arrived)
+                self.free_blocks(arrived.block_ids)
+                return
         tracked = self._tracked.get(request_id)
         if tracked is None or tracked.seq is None or tracked.seq.state is SeqState.HANDED_OFF:
             return  # a handed-off prompt's blocks are read by its transfer until finish_handoff()
         del self._tracked[request_id]
-        with self.allocator_lock:
+        with self._room:
             if not tracked.seq.is_finished:
                 self.scheduler.abort(request_id)
+                self._room.notify_all()
         self._record_spans_so_far(tracked, reason)
 
     def _on_finish(self, request_id: str) -> None:
         tracked = self._tracked.pop(request_id, None)
-        with self.allocator_lock:
+        with self._room:
             if tracked is not None and tracked.seq is not None and not tracked.seq.is_finished:
                 self.scheduler.finish(request_id)
+                self._room.notify_all()
 
     def _send_now(self, sink: Sink, event: tuple) -> None:
         self.deliver([(sink, event)])
@@ -381,8 +451,9 @@ class Engine:
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
         except Exception as exc:
             log.exception("engine step failed; failing its %d requests", len(plan.sequences))
-            with self.allocator_lock:
+            with self._room:
                 ended = self.scheduler.on_step_failed(plan, "error")
+                self._room.notify_all()
             events = []
             for seq in ended:
                 t = tracked.pop(seq.seq_id, None)
@@ -395,8 +466,10 @@ class Engine:
             self._anchor()  # the device just went idle: a fresh anchor for CUDA-event timing
         step_end = mark()
         now_perf_ns = perf_counter_ns()
-        with self.allocator_lock:
+        with self._room:
             outcome = self.scheduler.on_step_done(plan, token_ids)
+            if outcome.finished:
+                self._room.notify_all()
         self.steps_total += 1
         prefill_tokens = plan.prefill_tokens
         tracer.step(step_start, step_end, plan.num_decode_requests, prefill_tokens, plan.context_tokens,
@@ -452,7 +525,10 @@ class Engine:
             temperature = seq.request.temperature
             if temperature > 0:
                 generator = self._tracked[seq.seq_id].generator
-                next_ids[row : row + 1] = sample_no_sync(logits[row : row + 1], temperature, generator)
+                if seq.request.top_p < 1:
+                    next_ids[row : row + 1] = sample_top_p_no_sync(logits[row : row + 1], temperature, seq.request.top_p, generator)
+                else:
+                    next_ids[row : row + 1] = sample_no_sync(logits[row : row + 1], temperature, generator)
         return next_ids
 
     def _finish(self, t: Tracked, events: list[tuple[Sink, tuple]]) -> None:
@@ -478,12 +554,17 @@ class Engine:
         metrics = self.metrics
         if metrics is None:
             return
-        metrics.requests_waiting.set(self.scheduler.num_waiting + len(self._expected))
+        metrics.requests_waiting.set(self.scheduler.num_waiting + len(self._expected) + len(self._parked))
         metrics.requests_running.set(self.scheduler.num_running)
         metrics.kv_cache_usage.set(self.allocator.usage_ratio())
 
     def _fail_everything(self, message: str) -> None:
-        events = [(t.sink, (EVENT_ERROR, 503, "unavailable", message)) for t in (*self._tracked.values(), *self._expected.values())]
+        parked = [arrived.tracked for arrived in self._parked]
+        for arrived in self._parked:
+            self.free_blocks(arrived.block_ids)
+        self._parked.clear()
+        events = [(t.sink, (EVENT_ERROR, 503, "unavailable", message))
+                  for t in (*self._tracked.values(), *self._expected.values(), *parked)]  # fmt: skip
         self._tracked.clear()
         self._expected.clear()
         if events:
@@ -527,6 +608,22 @@ class Engine:
         parent = TraceContext.from_traceparent(getattr(info, "traceparent", None)) or t.ctx
         attrs = kv_attributes(info, src=src[:100], dst=self.kv_address)
         self.tracer.stage_wall("kv_transfer.recv", parent, info.recv_start_wall_ns, info.recv_end_wall_ns, attrs)
+
+
+def sample_top_p_no_sync(logits: torch.Tensor, temperature: float, top_p: float,
+                         generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+    """Nucleus sampling of each row of `logits` [n, vocab] -> long [n]; never syncs the host.
+
+    Keeps, per row, the most probable tokens whose probabilities (at `temperature`) add up to `top_p`
+    (always at least the most probable one), renormalises, and draws with `generator`.
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+    # A token stays when the mass before it is still short of top_p: the first token always stays.
+    before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return multinomial_sample_one_no_sync(kept / kept.sum(dim=-1, keepdim=True), generator)
 
 
 def kv_attributes(info: Any, *, src: str | None = None, dst: str | None = None) -> dict[str, Any]:

@@ -18,8 +18,9 @@ import threading
 import time
 from typing import Any
 
-from reference_server.engine import EVENT_ERROR, Deliver, Engine, Tracked, kv_attributes
+from reference_server.engine import EVENT_ERROR, KV_REFUSED, Deliver, Engine, Tracked, kv_attributes
 from reference_server.transfer import KVSender, KVTransferError
+from reference_server.transfer_wire import ABORTED
 from tracer import spans as s
 
 log = logging.getLogger(__name__)
@@ -126,9 +127,16 @@ class KVHandoff:
             }
             self.deliver([(t.sink, (EVENT_TRANSFERRED, first_token_id, info))])
             return
+        if error_type == ABORTED:  # the client left and the decode worker cut the transfer: not a failure
+            log.info("KV transfer of %s to %s cut: its request was aborted", request.request_id, dst)
+            self.deliver([(t.sink, (EVENT_ERROR, 499, ABORTED, "the request was aborted"))])
+            return
         log.warning("KV transfer of %s to %s failed: %s", request.request_id, dst, detail)
         attrs = {s.ATTR_KV_SRC: self.worker, s.ATTR_KV_DST: dst, s.ATTR_KV_STREAMS: self.streams}
         self.tracer.stage_wall(
             "kv_transfer", t.ctx, handoff_wall_ns, end_wall_ns, attrs, span_id=kv_span_id, error_type=error_type
         )
-        self.deliver([(t.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({error_type}): {detail}"))])
+        if error_type == KV_REFUSED:  # the decode worker is out of KV room: capacity, retryable
+            self.deliver([(t.sink, (EVENT_ERROR, 503, "overloaded", f"KV transfer refused: {detail}"))])
+        else:
+            self.deliver([(t.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({error_type}): {detail}"))])

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import click
 
 from reference_server.ready_line import parse_ready_line
+from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 log = logging.getLogger("reference_server.launch")
 
@@ -51,6 +53,9 @@ class ServeConfig:
     seed: int = 0
     max_batch: int = 16
     kv_blocks: int = 0
+    kv_wait_s: float = 5.0
+    slo_ttft: float | None = None  # seconds; the router marks root spans that miss it
+    slo_itl: float | None = None  # seconds, on each request's p99 inter-token gap
     startup_timeout_s: float = 300.0
 
     def roles(self) -> list[tuple[str, str]]:
@@ -77,6 +82,8 @@ class ServeConfig:
                 raise ValueError(f"{flag} must be at least 1 (got {value})")
         if self.chunk_budget <= self.max_batch:
             raise ValueError(f"--chunk-budget ({self.chunk_budget}) must exceed --max-batch ({self.max_batch})")
+        if not 0 <= self.kv_wait_s <= 60:
+            raise ValueError(f"--kv-wait-s must be in [0, 60] seconds, got {self.kv_wait_s}")
         if self.kv_blocks < 0:
             raise ValueError(f"--kv-blocks must be >= 0 (0 = automatic), got {self.kv_blocks}")
         try:
@@ -107,7 +114,7 @@ def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> l
         "--block-size", str(config.block_size), "--kv-blocks", str(config.kv_blocks),
         "--max-batch", str(config.max_batch), "--token-budget", str(config.chunk_budget),
         "--kv-streams", str(config.kv_streams), "--seed", str(config.seed),
-        "--step-sample", str(config.step_sample), "--threads", str(threads),
+        "--step-sample", str(config.step_sample), "--threads", str(threads), "--kv-wait-s", str(config.kv_wait_s),
     ]  # fmt: skip
     if config.traces_file:
         command += ["--traces-file", config.traces_file]
@@ -193,13 +200,15 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
     from reference_server.router import Endpoint, Router
     from tracer import start_tracing
     from tracer.gpu import GpuSampler
+    from tracer.slo_outcome import RequestSlo
 
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket,
-                            registry=CollectorRegistry())  # the router serves /metrics on either path  # fmt: skip
+                            registry=CollectorRegistry(),  # the router serves /metrics on either path
+                            slo=RequestSlo(config.slo_ttft, config.slo_itl))  # fmt: skip
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
     click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
     workers = await start_workers(config)
@@ -259,6 +268,11 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
         await asyncio.to_thread(tracing.shutdown, 5.0)
 
 
+def with_namespace(resource_attributes: str, namespace: str) -> str:
+    """OTEL_RESOURCE_ATTRIBUTES with `service.namespace` set to `namespace` (a later key wins)."""
+    return ",".join(filter(None, (resource_attributes.strip(), f"{RESOURCE_SERVICE_NAMESPACE}={namespace}")))
+
+
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -279,15 +293,31 @@ def _url_host(host: str) -> str:
 @click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
 @click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
-@click.option("--step-sample", type=int, default=1, show_default=True, help="keep one step span in N")
+@click.option("--step-sample", type=click.IntRange(min=1), default=DEFAULT_DECODE_SAMPLE_EVERY, show_default=True,
+              help="export 1 in N decode-only step spans (weighted); steps with prefill tokens are all kept up to a budget")
+@click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="time-to-first-token objective (s): root spans get splitscope.slo.violated/.missed")
+@click.option("--slo-itl", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="inter-token objective on each request's p99 gap (s)")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
 @click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
 @click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
 @click.option("--max-batch", type=int, default=16, show_default=True, help="sequences per engine step")
 @click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
+@click.option("--kv-wait-s", type=float, default=5.0, show_default=True,
+              help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)")
+@click.option("--namespace", default=None,
+              help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
+              "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)")
 def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
                   **options: object) -> None:  # fmt: skip
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
+    namespace = options.pop("namespace")
+    if namespace is not None:
+        if not namespace.strip() or any(c in namespace for c in ",=\n"):
+            raise click.UsageError(f"--namespace must be a non-empty name without ',' or '=' (got {namespace!r})")
+        # The workers inherit the environment: router, workers and their spans all name the deployment.
+        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = with_namespace(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), namespace)
     if mode == "disaggregated" and workers is not None:
         raise click.UsageError("--workers is for colocated/chunked; use --prefill-workers and --decode-workers")
     if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):

@@ -1,98 +1,97 @@
-"""One /metrics for the whole server: the router's own families merged with every worker's.
+"""One /metrics for the whole server: the router's own exposition joined with every worker's, unparsed.
 
-At scrape time `merged_exposition` fetches each worker's /metrics concurrently (OpenMetrics, so trace-id
-exemplars survive) with a short timeout, parses them with prometheus_client's own parser, and merges the
-families by name with the router's registry. A worker that does not answer in time is just missing from
-that scrape.
+Each worker labels every series it exports with its `worker` (and the deployment's `namespace`), so no two
+processes ever export the same series: nothing is summed across processes. A worker that misses a fetch or
+restarts changes only its own series, which Prometheus then sees as missing or reset, never as a drop of
+the fleet's total (DESIGN 5).
 
-Series that several processes export under the same labels (e.g. `splitscope_tokens_total{pool,phase}`
-from two workers of one pool, or each process's `splitscope_tracer_dropped_records_total{reason}`) are
-summed: counters, histogram buckets/counts/sums and the pending-records gauge all add up across
-processes; `_created` keeps the earliest. Every other gauge carries a `worker` label (or is set by the
-router alone), so it never collides. One exemplar per merged sample is kept (the latest seen).
+Joining is not parsing: an exposition is cut into family blocks at its `# HELP` lines, blocks of the same
+family from several processes are written one after another under the first one's HELP/TYPE lines (the
+text formats allow a family's metadata once), and OpenMetrics' `# EOF` is written once at the end. Samples,
+exemplars and `_created` lines travel as bytes. The join runs on a thread, off the event loop that forwards
+tokens. A worker that does not answer in time, or answers in another format, is missing from that scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Sequence
-from typing import Any
+import re
+from collections.abc import Sequence
 
 import aiohttp
-from prometheus_client.exposition import choose_encoder
-from prometheus_client.metrics_core import Metric
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
 
 log = logging.getLogger(__name__)
 
-OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+_FAMILY_START = re.compile(rb"^(?=# HELP )", re.M)
+_EOF = b"# EOF\n"
 
 
-class StaticCollection:
-    """A registry-like object over fixed families: what the exposition encoders need (`collect()`)."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterable[Metric]:
-        return iter(self._families)
-
-
-def merge_families(groups: Iterable[Iterable[Metric]]) -> list[Metric]:
-    """Families of several processes merged by name; equal series summed (see the module docstring)."""
-    merged: dict[str, Metric] = {}
-    series: dict[str, dict[tuple, Sample]] = {}
-    for families in groups:
-        for family in families:
-            target = merged.get(family.name)
-            if target is None:
-                target = merged[family.name] = Metric(family.name, family.documentation, family.type, family.unit)
-                series[family.name] = {}
-            elif target.type != family.type:
-                log.warning("metric %s is a %s here and a %s elsewhere; keeping the first", family.name,
-                            target.type, family.type)  # fmt: skip
-                continue
-            table = series[family.name]
-            for sample in family.samples:
-                key = (sample.name, tuple(sorted(sample.labels.items())))
-                old = table.get(key)
-                if old is None:
-                    table[key] = sample
-                    continue
-                if sample.name.endswith("_created"):
-                    value = min(old.value, sample.value)
-                else:
-                    value = old.value + sample.value
-                table[key] = Sample(sample.name, sample.labels, value, old.timestamp, sample.exemplar or old.exemplar)
-    for name, target in merged.items():
-        target.samples = list(series[name].values())
-    return list(merged.values())
+def _family_blocks(body: bytes) -> list[tuple[bytes, bytes, bytes]]:
+    """(family name, metadata lines, sample lines) of each family of one exposition, in order."""
+    if body.endswith(_EOF):
+        body = body[: -len(_EOF)]
+    blocks = []
+    for block in _FAMILY_START.split(body):
+        if not block:
+            continue
+        if not block.startswith(b"# HELP "):
+            log.debug("exposition text before its first family dropped: %r", block[:80])
+            continue
+        name = block[7:].split(b"\n", 1)[0].split(b" ", 1)[0]
+        samples_at = 0
+        while block.startswith(b"#", samples_at):  # HELP, TYPE, UNIT: the family's metadata lines
+            newline = block.find(b"\n", samples_at)
+            samples_at = len(block) if newline < 0 else newline + 1
+        blocks.append((name, block[:samples_at], block[samples_at:]))
+    return blocks
 
 
-async def fetch_families(session: aiohttp.ClientSession, url: str, timeout_s: float) -> list[Metric]:
-    """One worker's families; [] when it does not answer in time or answers garbage."""
+def join_expositions(bodies: Sequence[bytes], openmetrics: bool) -> bytes:
+    """One exposition holding every family of `bodies` (each one process's, same format), metadata once.
+
+    CPU-bound but linear in bytes, with no per-sample work; blocking: run it off the event loop.
+    """
+    families: dict[bytes, list[bytes]] = {}
+    for body in bodies:
+        for name, metadata, samples in _family_blocks(body):
+            parts = families.get(name)
+            if parts is None:
+                families[name] = [metadata, samples]
+            else:
+                parts.append(samples)
+    joined = b"".join(b"".join(parts) for parts in families.values())
+    return joined + _EOF if openmetrics else joined
+
+
+async def fetch_exposition(session: aiohttp.ClientSession, url: str, accept: str, content_type: str,
+                           timeout_s: float) -> bytes | None:  # fmt: skip
+    """One worker's /metrics body in `content_type`; None when it does not answer in time or in that format."""
     try:
-        async with session.get(url, headers={"Accept": OPENMETRICS_ACCEPT}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with session.get(url, headers={"Accept": accept}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
             if response.status != 200:
-                return []
-            text = await response.text()
-        return list(text_string_to_metric_families(text))
-    except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
+                return None
+            answered = response.headers.get("Content-Type", "").split(";")[0].strip()
+            if answered != content_type.split(";")[0].strip():
+                log.warning("metrics of %s came as %s, not %s; left out", url, answered, content_type)
+                return None
+            return await response.read()
+    except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
         log.debug("metrics of %s unavailable: %s", url, exc)
-        return []
+        return None
 
 
-async def merged_exposition(
-    own: Any,
+async def joined_exposition(
+    own: tuple[bytes, str],
     worker_metrics_urls: Sequence[str],
     session: aiohttp.ClientSession,
     accept_header: str | None,
     timeout_s: float = 2.0,
-) -> tuple[bytes, str]:
-    """(body, content type) of the router's registry `own` merged with every worker's metrics."""
-    fetched = await asyncio.gather(*(fetch_families(session, url, timeout_s) for url in worker_metrics_urls))
-    families = merge_families([list(own.collect()), *fetched])
-    encoder, content_type = choose_encoder(accept_header or "")
-    return encoder(StaticCollection(families)), content_type
+) -> bytes:
+    """The router's own exposition `own` (body, content type) joined with every worker's, in its format."""
+    body, content_type = own
+    fetched = await asyncio.gather(*(
+        fetch_exposition(session, url, accept_header or "", content_type, timeout_s) for url in worker_metrics_urls
+    ))  # fmt: skip
+    bodies = [body, *(b for b in fetched if b is not None)]
+    return await asyncio.to_thread(join_expositions, bodies, content_type.startswith("application/openmetrics-text"))

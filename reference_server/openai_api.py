@@ -1,14 +1,18 @@
-"""The OpenAI completions surface: request validation and response bodies. Pure functions, no I/O.
+"""The OpenAI surface: request validation and response bodies. Pure functions, no I/O.
 
-`parse_completion(body, limits)` turns a decoded JSON body into `CompletionParams` or raises `ApiError`
-(status 400 with an OpenAI-style error: {"error": {"message", "type", "param", "code"}}). The
-prompt is a string (byte-tokenized here, as every worker would) or a list of token ids.
+`parse_completion(body, limits)` and `parse_chat(body, limits)` turn a decoded JSON body into
+`CompletionParams` or raise `ApiError` (an OpenAI-style error: {"error": {"message", "type", "param",
+"code"}}; 400, or 404 for a model this server does not serve, as OpenAI and vLLM answer). A completion's
+prompt is a string (byte-tokenized here, as every worker would) or a list of token ids; a chat's messages
+are rendered by `render_chat` (a plain-text template) and byte-tokenized.
 
-Accepted fields: model, prompt, max_tokens (default 16), temperature (0..2, default 0: greedy), stream,
-stream_options.include_usage, user, seed, n (1 only), echo/logprobs/stop (only their empty values),
-plus vLLM's min_tokens / ignore_eos (a min_tokens >= max_tokens, or ignore_eos, disables the EOS stop)
-and return_token_ids (adds each choice's token ids). Other fields are ignored, as OpenAI-compatible
-servers do.
+Sampling fields are implemented or refused, never ignored: temperature (0..2, default 0: greedy), top_p
+(0 < p <= 1), seed, stop (a string or up to 4; the text stops before the first occurrence and the stop
+string is not returned), max_tokens / max_completion_tokens, plus vLLM's min_tokens / ignore_eos (a
+min_tokens >= max_tokens, or ignore_eos, disables the EOS stop) and return_token_ids. Refused with 400
+unless at their neutral value: n, best_of, presence/frequency/repetition penalties, logit_bias, logprobs,
+top_logprobs, echo, suffix, top_k, min_p, tools, response_format other than text. Fields that do not
+change the tokens (user, metadata, store, ...) are accepted, as OpenAI-compatible servers do.
 """
 
 from __future__ import annotations
@@ -20,10 +24,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from reference_server.tokenizer import VOCAB_SIZE, encode
+from tracer.spans import OPERATION_CHAT, OPERATION_TEXT_COMPLETION
+
+OPERATION_COMPLETION = OPERATION_TEXT_COMPLETION  # gen_ai.operation.name (GenAI semantic conventions)
 
 DEFAULT_MAX_TOKENS = 16
 MAX_TEMPERATURE = 2.0
 MAX_USER_CHARS = 256
+MAX_STOP_SEQUENCES = 4  # OpenAI's bound
+MAX_STOP_CHARS = 256
+CHAT_ROLES = ("system", "developer", "user", "assistant")
+OWNED_BY = "splitscope"
 
 
 class ApiError(Exception):
@@ -46,6 +57,11 @@ def error_body(message: str, error_type: str, param: str | None = None, code: st
     return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
 
 
+def model_not_found(model: str, served: str) -> ApiError:
+    return ApiError(404, f"model {model!r} does not exist; this server serves {served!r}", param="model",
+                    code="model_not_found")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Limits:
     model: str  # the one model name served
@@ -65,6 +81,9 @@ class CompletionParams:
     seed: int | None
     ignore_eos: bool
     return_token_ids: bool
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    operation: str = OPERATION_COMPLETION  # text_completion | chat
 
 
 def _is_int(value: Any) -> bool:
@@ -79,44 +98,92 @@ def _bad(message: str, param: str, code: str | None = None) -> ApiError:
     return ApiError(400, message, param=param, code=code)
 
 
-def parse_completion(body: Any, limits: Limits) -> CompletionParams:
-    """Validate a /v1/completions body. Raises ApiError(400) naming the first offending field."""
+def _zero(value: Any) -> bool:
+    return _is_number(value) and value == 0
+
+
+def _empty(value: Any) -> bool:
+    return value in ([], {}, "")
+
+
+def _never(value: Any) -> bool:
+    return False
+
+
+# Fields refused unless absent (None) or at their neutral value, the one that leaves sampling unchanged.
+_NEUTRAL = {
+    "best_of": lambda v: _is_int(v) and v == 1,
+    "presence_penalty": _zero,
+    "frequency_penalty": _zero,
+    "repetition_penalty": lambda v: _is_number(v) and v == 1,
+    "logit_bias": _empty,
+    "echo": lambda v: v is False,
+    "suffix": _empty,
+    "top_logprobs": lambda v: _is_int(v) and v == 0,
+    "top_k": lambda v: _is_int(v) and v in (-1, 0),
+    "min_p": _zero,
+    "tools": _empty,
+    "functions": _empty,
+    "tool_choice": lambda v: v == "none",
+    "stop_token_ids": _empty,
+    "guided_json": _never,
+    "guided_regex": _never,
+    "guided_choice": _never,
+}
+
+
+def _refuse_unsupported(body: dict[str, Any], names: tuple[str, ...]) -> None:
+    for name in names:
+        value = body.get(name)
+        if value is not None and not _NEUTRAL[name](value):
+            raise _bad(f"'{name}' is not supported by this server (only its default is accepted)", name)
+
+
+def _parse_model(body: Any, limits: Limits) -> str:
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str):
         raise _bad("'model' is required and must be a string", "model")
     if model != limits.model:
-        raise _bad(f"model {model!r} does not exist; this server serves {limits.model!r}", "model", "model_not_found")
+        raise model_not_found(model, limits.model)
+    return model
 
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str):
-        prompt_ids = tuple(encode(prompt))
-    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
-        prompt_ids = tuple(prompt)
-        if any(not 0 <= t < VOCAB_SIZE for t in prompt_ids):
-            raise _bad(f"prompt token ids must be in [0, {VOCAB_SIZE})", "prompt")
-    else:
-        raise _bad("'prompt' must be a string or a list of token ids", "prompt")
+
+def _parse_stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stops):
+        raise _bad(f"'stop' must be a non-empty string or a list of them (each at most {MAX_STOP_CHARS} characters)", "stop")
+    if len(stops) > MAX_STOP_SEQUENCES:
+        raise _bad(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}", "stop")
+    return tuple(dict.fromkeys(stops))
+
+
+def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: tuple[int, ...], *,
+                  max_tokens_key: str, operation: str) -> CompletionParams:  # fmt: skip
+    """The fields completions and chat share, checked in the order a reader meets them."""
     if not prompt_ids:
-        raise _bad("'prompt' must not be empty", "prompt")
-
-    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        raise _bad("'prompt' must not be empty", "prompt" if operation == OPERATION_COMPLETION else "messages")
+    max_tokens = body.get(max_tokens_key)
+    if max_tokens is None:
+        max_tokens = body.get("max_tokens")
+        max_tokens_key = "max_tokens"
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not _is_int(max_tokens):
-        raise _bad("'max_tokens' must be an integer", "max_tokens")
+        raise _bad(f"'{max_tokens_key}' must be an integer", max_tokens_key)
     if max_tokens <= 0:
-        raise _bad(f"'max_tokens' must be at least 1, got {max_tokens}", "max_tokens")
+        raise _bad(f"'{max_tokens_key}' must be at least 1, got {max_tokens}", max_tokens_key)
     if max_tokens > limits.max_tokens:
-        raise _bad(f"'max_tokens' must be at most {limits.max_tokens}, got {max_tokens}", "max_tokens")
+        raise _bad(f"'{max_tokens_key}' must be at most {limits.max_tokens}, got {max_tokens}", max_tokens_key)
+    prompt_param = "prompt" if operation == OPERATION_COMPLETION else "messages"
     if len(prompt_ids) + max_tokens > limits.max_context_tokens:
         raise _bad(
             f"this model's maximum context length is {limits.max_context_tokens} tokens; the request has "
             f"{len(prompt_ids)} prompt tokens and asks for {max_tokens} more",
-            "prompt",
+            prompt_param,
             "context_length_exceeded",
         )
 
@@ -125,8 +192,15 @@ def parse_completion(body: Any, limits: Limits) -> CompletionParams:
         temperature = 0.0
     if not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE:
         raise _bad(f"'temperature' must be a number in [0, {MAX_TEMPERATURE:g}]", "temperature")
+    top_p = body.get("top_p", 1.0)
+    if top_p is None:
+        top_p = 1.0
+    if not _is_number(top_p) or not 0 < top_p <= 1:
+        raise _bad("'top_p' must be a number in (0, 1]", "top_p")
 
     stream = body.get("stream", False)
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise _bad("'stream' must be a boolean", "stream")
     stream_options = body.get("stream_options") or {}
@@ -142,9 +216,7 @@ def parse_completion(body: Any, limits: Limits) -> CompletionParams:
     n = body.get("n", 1)
     if n not in (None, 1) or isinstance(n, bool):
         raise _bad("only n = 1 is supported", "n")
-    for name in ("echo", "logprobs", "stop", "suffix"):
-        if body.get(name) not in (None, False, [], ""):
-            raise _bad(f"'{name}' is not supported by this server", name)
+    stop = _parse_stop(body.get("stop"))
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise _bad("'ignore_eos' must be a boolean", "ignore_eos")
@@ -169,7 +241,88 @@ def parse_completion(body: Any, limits: Limits) -> CompletionParams:
         # The EOS stop is all or nothing here: min_tokens up to max_tokens means "never stop early".
         ignore_eos=ignore_eos or min_tokens >= max_tokens,
         return_token_ids=return_token_ids,
+        top_p=float(top_p),
+        stop=stop,
+        operation=operation,
     )
+
+
+_COMPLETION_REFUSED = ("best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                       "echo", "suffix", "top_k", "min_p", "stop_token_ids", "guided_json", "guided_regex",
+                       "guided_choice")  # fmt: skip
+_CHAT_REFUSED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs",
+                 "top_k", "min_p", "tools", "functions", "tool_choice", "stop_token_ids", "guided_json",
+                 "guided_regex", "guided_choice")  # fmt: skip
+
+
+def parse_completion(body: Any, limits: Limits) -> CompletionParams:
+    """Validate a /v1/completions body. Raises ApiError (400, 404 for another model) naming the field."""
+    model = _parse_model(body, limits)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        prompt_ids = tuple(encode(prompt))
+    elif isinstance(prompt, list) and all(_is_int(t) for t in prompt):
+        prompt_ids = tuple(prompt)
+        if any(not 0 <= t < VOCAB_SIZE for t in prompt_ids):
+            raise _bad(f"prompt token ids must be in [0, {VOCAB_SIZE})", "prompt")
+    else:
+        raise _bad("'prompt' must be a string or a list of token ids", "prompt")
+    _refuse_unsupported(body, _COMPLETION_REFUSED)
+    if body.get("logprobs") is not None:  # an int here: how many alternatives per token
+        raise _bad("'logprobs' is not supported by this server", "logprobs")
+    return _parse_common(body, limits, model, prompt_ids, max_tokens_key="max_tokens", operation=OPERATION_COMPLETION)
+
+
+def _message_text(message: Any, index: int) -> tuple[str, str]:
+    """(role, text) of one chat message; text parts are joined, anything else is refused."""
+    param = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise _bad(f"{param} must be an object with 'role' and 'content'", param)
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise _bad(f"{param}.role must be one of {', '.join(CHAT_ROLES)} (tools are not supported), got {str(role)[:40]!r}",
+                   f"{param}.role")  # fmt: skip
+    content = message.get("content")
+    if isinstance(content, str):
+        return role, content
+    if isinstance(content, list) and content:
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise _bad(f"{param}.content: only text parts are supported", f"{param}.content")
+            texts.append(part["text"])
+        return role, "".join(texts)
+    raise _bad(f"{param}.content must be a string or a list of text parts", f"{param}.content")
+
+
+def render_chat(messages: list[tuple[str, str]]) -> str:
+    """The chat template: each message as `<|role|>\\n{content}\\n`, then `<|assistant|>\\n` for the reply.
+
+    A plain-text template (Zephyr's shape) over the byte tokenizer, which has no special role tokens.
+    `developer` is OpenAI's newer name for `system` and renders as it.
+    """
+    parts = [f"<|{'system' if role == 'developer' else role}|>\n{text}\n" for role, text in messages]
+    parts.append("<|assistant|>\n")
+    return "".join(parts)
+
+
+def parse_chat(body: Any, limits: Limits) -> CompletionParams:
+    """Validate a /v1/chat/completions body. Raises ApiError (400, 404 for another model) naming the field."""
+    model = _parse_model(body, limits)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("'messages' must be a non-empty list", "messages")
+    rendered = render_chat([_message_text(m, i) for i, m in enumerate(messages)])
+    _refuse_unsupported(body, _CHAT_REFUSED)
+    if body.get("logprobs") not in (None, False):
+        raise _bad("'logprobs' is not supported by this server", "logprobs")
+    response_format = body.get("response_format")
+    if response_format is not None and response_format != {"type": "text"}:
+        raise _bad("'response_format' supports only {\"type\": \"text\"}", "response_format")
+    return _parse_common(body, limits, model, tuple(encode(rendered)), max_tokens_key="max_completion_tokens",
+                         operation=OPERATION_CHAT)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- responses
@@ -184,20 +337,61 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def chunk_event(completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
-                token_ids: list[int] | None = None) -> bytes:  # fmt: skip
-    """One SSE event of a streamed completion."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    body = {"id": completion_id, "object": "text_completion", "created": created_s, "model": model, "choices": [choice]}
+def _sse(body: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
 
 
-def usage_event(completion_id: str, created_s: int, model: str, usage_body: dict[str, Any]) -> bytes:
-    body = {"id": completion_id, "object": "text_completion", "created": created_s, "model": model, "choices": [],
-            "usage": usage_body}  # fmt: skip
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+@dataclass(frozen=True)
+class ResponseShape:
+    """How the answers of one operation look: id prefix, object names, where the text goes."""
+
+    operation: str
+    id_prefix: str
+    object_name: str  # the non-streamed answer's `object`
+    chunk_object: str  # each streamed event's `object`
+
+    def _choice(self, text: str, finish_reason: str | None, token_ids: list[int] | None, *, streamed: bool,
+                first: bool = False) -> dict[str, Any]:  # fmt: skip
+        choice: dict[str, Any] = {"index": 0}
+        if self.operation == OPERATION_COMPLETION:
+            choice["text"] = text
+        elif streamed:  # the role comes with the first delta; the last may carry no text at all
+            delta: dict[str, Any] = {"role": "assistant"} if first else {}
+            if text or first:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        choice["logprobs"] = None
+        choice["finish_reason"] = finish_reason
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        return choice
+
+    def chunk_event(self, completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
+                    token_ids: list[int] | None = None, *, first: bool = False) -> bytes:  # fmt: skip
+        """One SSE event of a streamed answer (`first`: the chat delta also names the role)."""
+        choice = self._choice(text, finish_reason, token_ids, streamed=True, first=first)
+        return _sse({"id": completion_id, "object": self.chunk_object, "created": created_s, "model": model,
+                     "choices": [choice]})  # fmt: skip
+
+    def usage_event(self, completion_id: str, created_s: int, model: str, usage_body: dict[str, Any]) -> bytes:
+        return _sse({"id": completion_id, "object": self.chunk_object, "created": created_s, "model": model,
+                     "choices": [], "usage": usage_body})  # fmt: skip
+
+    def body(self, completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
+             usage_body: dict[str, Any], token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+        """The non-streamed answer."""
+        choice = self._choice(text, finish_reason, token_ids, streamed=False)
+        return {"id": completion_id, "object": self.object_name, "created": created_s, "model": model,
+                "choices": [choice], "usage": usage_body}  # fmt: skip
+
+
+# Keyed by operation; the object names are OpenAI's wire format (that one equals an operation name is OpenAI's).
+SHAPES = {
+    OPERATION_COMPLETION: ResponseShape(OPERATION_COMPLETION, "cmpl-", "text_completion", "text_completion"),
+    OPERATION_CHAT: ResponseShape(OPERATION_CHAT, "chatcmpl-", "chat.completion", "chat.completion.chunk"),
+}
 
 
 def error_event(message: str, error_type: str, code: str | None = None) -> bytes:
@@ -207,13 +401,13 @@ def error_event(message: str, error_type: str, code: str | None = None) -> bytes
 DONE_EVENT = b"data: [DONE]\n\n"
 
 
-def completion_body(completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
-                    usage_body: dict[str, Any], token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return {"id": completion_id, "object": "text_completion", "created": created_s, "model": model,
-            "choices": [choice], "usage": usage_body}  # fmt: skip
+def model_card(model: str, created_s: int) -> dict[str, Any]:
+    """One entry of GET /v1/models (and the answer of GET /v1/models/{id})."""
+    return {"id": model, "object": "model", "created": created_s, "owned_by": OWNED_BY}
+
+
+def model_list(model: str, created_s: int) -> dict[str, Any]:
+    return {"object": "list", "data": [model_card(model, created_s)]}
 
 
 def now_s() -> int:

@@ -1,4 +1,6 @@
-"""The HTTP front: OpenAI-compatible `POST /v1/completions`, `GET /health`, `GET /metrics`; routing.
+"""The HTTP front: OpenAI-compatible `POST /v1/completions`, `POST /v1/chat/completions`, `GET /v1/models`
+(and `/v1/models/{id}`), `GET /health`, `GET /metrics`; routing. Unknown routes answer 404 with an
+OpenAI error body.
 
 Runs on one asyncio event loop (aiohttp). Every handler is a coroutine; nothing here blocks the loop.
 
@@ -12,13 +14,20 @@ worker is exact and needs no polling):
   KV receiver address. The first token reaches the client from the decode worker, after the transfer,
   so time to first token includes the exposed transfer (DESIGN 7).
 
-Tracing: the root span `text_completion {model}` (SERVER; its parent is the client's `traceparent` when
-it sent one) is recorded when the request ends, with the first-token mark and the inter-token gaps the
-client saw; the workers get `traceparent` = the root span, so every stage span is its child.
+Tracing: the root span `text_completion {model}` or `chat {model}` (SERVER; its parent is the client's
+`traceparent` when it sent one) is recorded when the request ends, with the first-token mark and the
+inter-token gaps the client saw; the workers get `traceparent` = the root span, so every stage span is
+its child.
 
 Failures: a worker that answers with an error, breaks its stream or dies fails that request only:
-before the first token the client gets a JSON error with the status (500, or 503 when overloaded),
-after it an SSE error event. A worker whose health check fails leaves the rotation until it recovers.
+before the first token the client gets a JSON error with the status (500, or 503 with Retry-After when
+queues or KV blocks are short), after it an SSE error event. A worker whose health check fails leaves
+the rotation until it recovers.
+
+A client that disconnects (aiohttp cancels its handler, or a write fails) aborts its request: the router
+closes the worker streams, each worker drops the request and frees its KV blocks, and
+`splitscope_requests_aborted_total{reason="client_disconnected"}` counts it once. No traceback: it is
+a normal event.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ import json
 import logging
 import secrets
 from array import array
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,10 +47,11 @@ import aiohttp
 from aiohttp import web
 
 from reference_server import openai_api as api
-from reference_server.metrics_proxy import merged_exposition
-from reference_server.tokenizer import StreamingDecoder, decode
+from reference_server.metrics_proxy import joined_exposition
+from reference_server.text_stream import TextStream
 from reference_server.transfer_wire import token_from_env
 from tracer import TraceContext, TracingSession
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns
 
@@ -50,6 +60,7 @@ log = logging.getLogger(__name__)
 MODES = ("colocated", "chunked", "disaggregated")
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 HEALTH_INTERVAL_S = 1.0
+RETRY_AFTER_S = 1  # the Retry-After of a 503: a decode step frees blocks within milliseconds to seconds
 
 
 @dataclass
@@ -141,6 +152,11 @@ class Router:
         self.max_inflight = max_inflight
         self.stream_timeout_s = stream_timeout_s
         self.inflight = 0
+        self.started_s = api.now_s()  # the model card's `created`
+        catalogue = tracing.catalogue
+        self._aborted_disconnected = (
+            catalogue.requests_aborted.labels(reason=ABORT_CLIENT_DISCONNECTED) if catalogue is not None else None
+        )
         self._session: aiohttp.ClientSession | None = None
         self._health_task: asyncio.Task | None = None
 
@@ -179,8 +195,11 @@ class Router:
         return self._session
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[openai_not_found])
         app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/v1/models/{model_id:.+}", self.model)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
@@ -230,10 +249,14 @@ class Router:
         return web.json_response(body, status=200 if self.healthy() else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """The router's own series and every live worker's, each keeping its labels (metrics_proxy)."""
         registry = self.tracing.registry
-        own = registry if registry is not None else _Empty()
+        accept = request.headers.get("Accept")
+        own = await asyncio.to_thread(exposition, registry if registry is not None else _Empty(), accept,
+                                      process_labels())  # fmt: skip
         urls = [e.url + "/metrics" for e in self.endpoints if e.alive]
-        body, content_type = await merged_exposition(own, urls, self.session, request.headers.get("Accept"))
+        body = await joined_exposition(own, urls, self.session, accept)
+        content_type = own[1]
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
@@ -253,48 +276,79 @@ class Router:
             raise api.ApiError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/completions."""
+        return await self._serve(request, api.parse_completion)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        """POST /v1/chat/completions: the chat template's prompt, served as a completion."""
+        return await self._serve(request, api.parse_chat)
+
+    async def models(self, request: web.Request) -> web.Response:
+        """GET /v1/models: the one model this server serves."""
+        return web.json_response(api.model_list(self.limits.model, self.started_s))
+
+    async def model(self, request: web.Request) -> web.Response:
+        """GET /v1/models/{id}: its card, or 404 with an OpenAI error body."""
+        model_id = request.match_info["model_id"]
+        if model_id != self.limits.model:
+            exc = api.model_not_found(model_id, self.limits.model)
+            return web.json_response(exc.body(), status=exc.status)
+        return web.json_response(api.model_card(self.limits.model, self.started_s))
+
+    async def _serve(self, request: web.Request, parse: Callable[[Any, api.Limits], api.CompletionParams]) -> web.StreamResponse:
         start = self.tracer.mark()
         try:
-            params = api.parse_completion(await self._read_body(request), self.limits)
+            params = parse(await self._read_body(request), self.limits)
         except api.ApiError as exc:
             return web.json_response(exc.body(), status=exc.status)
         if self.inflight >= self.max_inflight:
-            return web.json_response(api.error_body("server is at its request limit", "server_overloaded"), status=503)
+            return _overloaded("server is at its request limit")
         client_ctx = TraceContext.from_traceparent(request.headers.get("traceparent")) or TraceContext.new_root()
         root_span_id = new_span_id()
         ctx = client_ctx.child(root_span_id)
-        request_id = "cmpl-" + secrets.token_hex(12)
+        shape = api.SHAPES[params.operation]
+        request_id = shape.id_prefix + secrets.token_hex(12)
         outcome = _Outcome()
         self.inflight += 1
         try:
             events = self._events(params, ctx, request_id)
+            # Leaving this block (an answer, an error, or the client gone: aiohttp cancels this handler)
+            # closes the worker streams, and a worker whose stream closes aborts the request and frees
+            # its KV blocks at once, wherever it is: queued, prefilling, in transfer, or decoding.
             async with aclosing(events):
                 if params.stream:
-                    return await self._stream(request, params, request_id, events, outcome)
-                return await self._complete(params, request_id, events, outcome)
+                    return await self._stream(request, params, shape, request_id, events, outcome)
+                return await self._complete(params, shape, request_id, events, outcome)
         except asyncio.CancelledError:
-            outcome.error_type = outcome.error_type or "client_disconnected"
+            outcome.error_type = outcome.error_type or ABORT_CLIENT_DISCONNECTED
             raise
         finally:
             self.inflight -= 1
+            if outcome.error_type == ABORT_CLIENT_DISCONNECTED and self._aborted_disconnected is not None:
+                self._aborted_disconnected.inc()
             self.tracer.request(
                 client_ctx, root_span_id, start, self.tracer.mark(), outcome.first_token,
                 model=params.model, mode=self.mode, request_id=request_id,
                 input_tokens=len(params.prompt_token_ids), output_tokens=outcome.output_tokens,
-                token_gap_s=outcome.gaps_s, error_type=outcome.error_type,
+                token_gap_s=outcome.gaps_s, error_type=outcome.error_type, operation=params.operation,
             )  # fmt: skip
 
-    def _on_token(self, outcome: _Outcome) -> None:
+    def _on_tokens(self, outcome: _Outcome, count: int) -> None:
+        """`count` tokens just reached the client (in one event: several when text was held back)."""
         now_ns = perf_counter_ns()
-        if outcome.first_token is None:
-            outcome.first_token = self.tracer.mark()
-        else:
-            outcome.gaps_s.append((now_ns - outcome.last_token_ns) / 1e9)
-        outcome.last_token_ns = now_ns
-        outcome.output_tokens += 1
+        for _ in range(count):
+            if outcome.first_token is None:
+                outcome.first_token = self.tracer.mark()
+            else:
+                outcome.gaps_s.append((now_ns - outcome.last_token_ns) / 1e9)
+            outcome.last_token_ns = now_ns
+        outcome.output_tokens += count
 
-    async def _stream(self, request: web.Request, params: api.CompletionParams, request_id: str,
-                      events: AsyncIterator[tuple], outcome: _Outcome) -> web.StreamResponse:  # fmt: skip
+    async def _stream(self, request: web.Request, params: api.CompletionParams, shape: api.ResponseShape,
+                      request_id: str, events: AsyncIterator[tuple], outcome: _Outcome) -> web.StreamResponse:  # fmt: skip
+        """The SSE answer. An event is written only when it has text (held-back bytes of a character, or a
+        possible start of a stop string, go out with a later event), except the last, which carries the
+        finish reason."""
         try:
             event = await anext(events)
         except UpstreamError as exc:  # nothing sent yet: a plain error answer with its status
@@ -302,58 +356,86 @@ class Router:
             return _upstream_error_response(exc)
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await response.prepare(request)
-        decoder = StreamingDecoder()
+        text_stream = TextStream(params.stop)
         created_s = api.now_s()
         model = params.model
         with_ids = params.return_token_ids
+        held_ids: list[int] = []  # tokens whose text has not been sent yet
+        first = True
         try:
             while True:
                 if event[0] == "token":
-                    token_id = event[1]
-                    text = decoder.push((token_id,))
-                    await response.write(api.chunk_event(request_id, created_s, model, text, None, [token_id] if with_ids else None))
-                    self._on_token(outcome)
+                    held_ids.append(event[1])
+                    text = text_stream.push((event[1],))
+                    if text_stream.stopped:
+                        tail = self._tail(params, shape, request_id, created_s, text, "stop", held_ids, first, outcome, 0)
+                        await response.write(tail)
+                        break
+                    if text:
+                        await response.write(shape.chunk_event(request_id, created_s, model, text, None,
+                                                               held_ids if with_ids else None, first=first))  # fmt: skip
+                        self._on_tokens(outcome, len(held_ids))
+                        held_ids = []
+                        first = False
                 else:
                     info = event[1]
-                    tail = api.chunk_event(request_id, created_s, model, decoder.flush(), info.get("finish_reason"), [] if with_ids else None)
-                    if params.include_usage:
-                        usage = api.usage(len(params.prompt_token_ids), outcome.output_tokens, info.get("cached_tokens", 0))
-                        tail += api.usage_event(request_id, created_s, model, usage)
-                    await response.write(tail + api.DONE_EVENT)
+                    text = text_stream.flush()
+                    tail = self._tail(params, shape, request_id, created_s, text, info.get("finish_reason"), held_ids,
+                                      first, outcome, info.get("cached_tokens", 0))  # fmt: skip
+                    await response.write(tail)
                     break
                 event = await anext(events)
         except UpstreamError as exc:
             outcome.error_type = exc.error_type
             try:
                 await response.write(api.error_event(exc.message, "server_error", exc.error_type))
-            except (ConnectionError, aiohttp.ClientConnectionResetError):
-                pass
-        except (ConnectionError, aiohttp.ClientConnectionResetError):
-            outcome.error_type = "client_disconnected"
+            except ConnectionError:
+                outcome.error_type = ABORT_CLIENT_DISCONNECTED
+                return response
+        except ConnectionError:  # the client went away mid-stream (aiohttp's reset error is one)
+            outcome.error_type = ABORT_CLIENT_DISCONNECTED
             return response
         try:
             await response.write_eof()
-        except (ConnectionError, aiohttp.ClientConnectionResetError):
+        except ConnectionError:
             pass
         return response
 
-    async def _complete(self, params: api.CompletionParams, request_id: str, events: AsyncIterator[tuple],
-                        outcome: _Outcome) -> web.Response:  # fmt: skip
+    def _tail(self, params: api.CompletionParams, shape: api.ResponseShape, request_id: str, created_s: int, text: str,
+              finish_reason: str | None, held_ids: list[int], first: bool, outcome: _Outcome, cached_tokens: int) -> bytes:  # fmt: skip
+        """The last event (with the finish reason and the tokens still held), usage if asked, and [DONE]."""
+        tail = shape.chunk_event(request_id, created_s, params.model, text, finish_reason,
+                                 held_ids if params.return_token_ids else None, first=first)  # fmt: skip
+        self._on_tokens(outcome, len(held_ids))
+        if params.include_usage:
+            usage = api.usage(len(params.prompt_token_ids), outcome.output_tokens, cached_tokens)
+            tail += shape.usage_event(request_id, created_s, params.model, usage)
+        return tail + api.DONE_EVENT
+
+    async def _complete(self, params: api.CompletionParams, shape: api.ResponseShape, request_id: str,
+                        events: AsyncIterator[tuple], outcome: _Outcome) -> web.Response:  # fmt: skip
         token_ids: list[int] = []
         info: dict[str, Any] = {}
+        text_stream = TextStream(params.stop)
+        pieces: list[str] = []
         try:
             async for event in events:
                 if event[0] == "token":
                     token_ids.append(event[1])
-                    self._on_token(outcome)
+                    self._on_tokens(outcome, 1)
+                    pieces.append(text_stream.push((event[1],)))
+                    if text_stream.stopped:
+                        info = {"finish_reason": "stop"}
+                        break
                 else:
                     info = event[1]
         except UpstreamError as exc:
             outcome.error_type = exc.error_type
             return _upstream_error_response(exc)
+        pieces.append(text_stream.flush())
         usage = api.usage(len(params.prompt_token_ids), len(token_ids), info.get("cached_tokens", 0))
-        body = api.completion_body(
-            request_id, api.now_s(), params.model, decode(token_ids), info.get("finish_reason"), usage,
+        body = shape.body(
+            request_id, api.now_s(), params.model, "".join(pieces), info.get("finish_reason"), usage,
             token_ids if params.return_token_ids else None,
         )  # fmt: skip
         return web.json_response(body)
@@ -366,8 +448,12 @@ class Router:
             "prompt_token_ids": list(params.prompt_token_ids),
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
+            "top_p": params.top_p,
             "seed": params.seed,
             "ignore_eos": params.ignore_eos,
+            # The workers end the request on these strings' bytes (freeing its blocks at once); the
+            # router cuts the text itself, streaming-safe.
+            "stop": list(params.stop),
         }
 
     def _events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncIterator[tuple]:
@@ -514,12 +600,31 @@ async def _ndjson_events(response: aiohttp.ClientResponse, worker: Endpoint) -> 
 
 
 def _upstream_error_response(exc: UpstreamError) -> web.Response:
-    if 400 <= exc.status < 500 or exc.status == 503:
-        status = exc.status
-    else:
-        status = 500
+    if exc.status == 503:
+        return _overloaded(exc.message, exc.error_type)
+    status = exc.status if 400 <= exc.status < 500 else 500
     error_type = "invalid_request_error" if 400 <= status < 500 else "server_error"
     return web.json_response(api.error_body(exc.message, error_type, None, exc.error_type), status=status)
+
+
+def _overloaded(message: str, code: str = "server_overloaded") -> web.Response:
+    """503 with Retry-After: capacity (queues, KV blocks) is short now; the same request may fit soon."""
+    return web.json_response(api.error_body(message, "server_overloaded", None, code), status=503,
+                             headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+
+
+@web.middleware
+async def openai_not_found(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown routes and methods answer with an OpenAI error body (clients parse it), not plain text."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        body = api.error_body(f"no route {request.method} {request.path}", "invalid_request_error", None, "not_found")
+        return web.json_response(body, status=404)
+    except web.HTTPMethodNotAllowed as exc:
+        body = api.error_body(f"{request.method} is not allowed on {request.path}", "invalid_request_error", None,
+                              "method_not_allowed")  # fmt: skip
+        return web.json_response(body, status=405, headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
 
 
 class _Empty:

@@ -50,9 +50,16 @@ class Request:
     max_new_tokens: int
     temperature: float = 0.0
     stop_token_ids: frozenset[int] = frozenset({EOS_ID})
+    top_p: float = 1.0  # nucleus sampling: draw from the smallest set of tokens holding this probability
+    # Token sequences that end the request once the output ends with one (stop strings, byte-tokenized).
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_token_ids", tuple(self.prompt_token_ids))
+        if not 0 < self.top_p <= 1:
+            raise RequestRejected(f"request {self.request_id}: top_p must be in (0, 1], got {self.top_p}")
+        if any(not stop for stop in self.stop_sequences):
+            raise RequestRejected(f"request {self.request_id}: empty stop sequence")
         if not self.prompt_token_ids:
             raise RequestRejected(f"request {self.request_id}: empty prompt")
         if self.max_new_tokens < 1:
@@ -464,7 +471,9 @@ class Scheduler:
             outcome.finished.append(seq)
 
     def _finish_if_done(self, seq: Sequence) -> bool:
-        if seq.output_token_ids[-1] in seq.request.stop_token_ids:
+        output = seq.output_token_ids
+        stop_sequences = seq.request.stop_sequences
+        if output[-1] in seq.request.stop_token_ids or (stop_sequences and _ends_with_any(output, stop_sequences)):
             self._end(seq, "stop")
         elif len(seq.output_token_ids) >= seq.request.max_new_tokens:
             self._end(seq, "length")
@@ -492,3 +501,8 @@ class Scheduler:
             seq.block_table.block_ids = []
         seq.state = SeqState.FINISHED
         seq.finish_reason = reason
+
+
+def _ends_with_any(output: list[int], stops: tuple[tuple[int, ...], ...]) -> bool:
+    """Whether `output` ends with one of `stops` (compares only each stop's length of tail)."""
+    return any(len(output) >= len(stop) and tuple(output[-len(stop) :]) == stop for stop in stops)

@@ -21,6 +21,7 @@ import torch
 
 from reference_server.transfer_pool import pool_bytes
 from reference_server.transfer_wire import (
+    ABORTED,
     PAYLOAD_BATCH_BYTES,
     TOKEN_ENV_VAR,
     KVTransferError,
@@ -110,6 +111,7 @@ class _Assembly:
     claimed_positions: set[int] = field(default_factory=set)
     streams_done: int = 0
     writers: int = 0  # streams between "joined" and "left": they may still write into dst blocks
+    sockets: set[socket.socket] = field(default_factory=set)  # the writers' connections (cancel cuts them)
     failed_reason: str | None = None
     completed: bool = False
     freed: bool = False
@@ -180,6 +182,7 @@ class KVReceiver:
         self._closed = False
         self._transfers: dict[str, _Assembly] = {}
         self._failed_transfers: OrderedDict[str, str] = OrderedDict()  # bounded: late streams of failed ones
+        self._cancelled: OrderedDict[str, None] = OrderedDict()  # bounded: request ids aborted before their KV came
         self._connections: dict[socket.socket, threading.Thread] = {}
         self.accepted_connections_total = 0
 
@@ -209,6 +212,27 @@ class KVReceiver:
     def inflight_transfers(self) -> int:
         with self._lock:
             return len(self._transfers)
+
+    def cancel(self, request_id: str) -> bool:
+        """Cut the transfer of `request_id` (its request was aborted): in flight, its streams stop and its
+        blocks are freed once no stream writes into them; not yet started, it is refused when it comes. The
+        sender sees ``aborted``, which is not a failure. Any thread; never blocks on I/O. True if a
+        transfer was in flight."""
+        with self._lock:
+            self._cancelled[request_id] = None
+            while len(self._cancelled) > _FAILED_TRANSFERS_REMEMBERED:
+                self._cancelled.popitem(last=False)
+            found = [a for a in self._transfers.values() if a.request_id == request_id]
+        for assembly in found:
+            self._fail(assembly, KVTransferError(ABORTED, "its request was aborted"))
+            with self._lock:
+                sockets = list(assembly.sockets)
+            for sock in sockets:  # a stream blocked mid-payload returns from its read at once
+                try:
+                    sock.shutdown(socket.SHUT_RD)
+                except OSError:
+                    pass
+        return bool(found)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop accepting, cut open connections, fail unfinished transfers (freeing their blocks); blocking."""
@@ -338,6 +362,8 @@ class KVReceiver:
             self._refuse(sock, error, peer)  # nothing of this stream was written
             return False
         # From here this stream is a writer of assembly.dst_block_ids and must leave exactly once.
+        with self._lock:
+            assembly.sockets.add(sock)
         error: KVTransferError | None = None
         try:
             assert assembly.dst_block_ids is not None
@@ -363,10 +389,13 @@ class KVReceiver:
             error = KVTransferError(assembly.failed_reason or "connection", "another stream of this transfer failed")
         except KVTransferError as caught:
             error = caught
+        with self._lock:
+            assembly.sockets.discard(sock)
         if error is not None:
             self._fail(assembly, error)
             self._leave(assembly, finished=False)
-            self._send_quietly(sock, error_message(error.reason, error.detail))
+            # The first reason wins: a connection cut by cancel() answers `aborted`, not `connection`.
+            self._send_quietly(sock, error_message(assembly.failed_reason or error.reason, error.detail))
             return False
 
         completed = self._leave(assembly, finished=True)
@@ -417,6 +446,8 @@ class KVReceiver:
             failed_reason = self._failed_transfers.get(header.transfer_id)
             if failed_reason is not None:
                 raise KVTransferError(failed_reason, "this transfer already failed")
+            if header.request_id in self._cancelled:
+                raise KVTransferError(ABORTED, "its request was aborted")
             assembly = self._transfers.get(header.transfer_id)
             creator = assembly is None
             if assembly is None:
@@ -527,7 +558,8 @@ class KVReceiver:
             free_now = assembly.writers == 0 and not assembly.freed
             if free_now:
                 assembly.freed = True
-        logger.warning("KV transfer of request %s failed (%s): %s", assembly.request_id, error.reason, error.detail)
+        level = logging.INFO if error.reason == ABORTED else logging.WARNING
+        logger.log(level, "KV transfer of request %s failed (%s): %s", assembly.request_id, error.reason, error.detail)
         if free_now:
             self._free(assembly)
         try:
@@ -571,7 +603,8 @@ class KVReceiver:
     # -- replies
 
     def _refuse(self, sock: socket.socket, error: KVTransferError, peer: str) -> None:
-        logger.warning("refused KV frame from %s (%s): %s", peer, error.reason, error.detail)
+        level = logging.INFO if error.reason == ABORTED else logging.WARNING
+        logger.log(level, "refused KV frame from %s (%s): %s", peer, error.reason, error.detail)
         self._send_quietly(sock, error_message(error.reason, error.detail))
 
     @staticmethod

@@ -26,6 +26,7 @@ import torch
 from reference_server.transfer_clock import ClockEstimate, best_estimate
 from reference_server.transfer_pool import PoolBytes, pool_bytes
 from reference_server.transfer_wire import (
+    ABORTED,
     PAYLOAD_BATCH_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,
@@ -414,7 +415,7 @@ class KVSender:
 
 # The receiver's own verdicts explain a failure better than the broken connections that follow them.
 _REASON_PRIORITY = {reason: rank for rank, reason in enumerate(
-    ("unauthorized", "bad_header", "checksum", "refused", "timeout", "connection")
+    (ABORTED, "unauthorized", "bad_header", "checksum", "refused", "timeout", "connection")
 )}
 
 

@@ -59,6 +59,10 @@ ALLOWED_DTYPES: dict[str, int] = {
 # Labels of splitscope_kv_transfer_failures_total{reason}: the metric catalogue owns them (and creates
 # one child per reason at start, so the first failure of each kind is visible to increase()).
 FAILURE_REASONS: tuple[str, ...] = KV_TRANSFER_FAILURE_REASONS
+# Not a failure of the transfer: its request was aborted (the client left) and the receiver cut it. Never
+# counted in the failures metric; the sender drops the transfer quietly.
+ABORTED = "aborted"
+WIRE_REASONS: tuple[str, ...] = (*FAILURE_REASONS, ABORTED)
 
 # The shared secret a receiver requires (when set) and a sender presents; compared in constant time.
 TOKEN_ENV_VAR = "SPLITSCOPE_KV_TOKEN"
@@ -72,11 +76,12 @@ _MAX_DIM = 1 << 20
 
 
 class KVTransferError(Exception):
-    """A KV transfer failed; ``reason`` is one of FAILURE_REASONS (the metric label), ``detail`` says why."""
+    """A KV transfer failed; ``reason`` is one of FAILURE_REASONS (the metric label) or ABORTED (its request
+    was aborted: not counted as a failure), ``detail`` says why."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
-        if reason not in FAILURE_REASONS:
-            raise ValueError(f"unknown KV transfer failure reason {reason!r}; expected one of {FAILURE_REASONS}")
+        if reason not in WIRE_REASONS:
+            raise ValueError(f"unknown KV transfer failure reason {reason!r}; expected one of {WIRE_REASONS}")
         self.reason = reason
         self.detail = detail
         super().__init__(f"KV transfer failed ({reason}): {detail}" if detail else f"KV transfer failed ({reason})")
@@ -491,7 +496,7 @@ def expect_reply(message: dict[str, Any] | None, kind: str) -> dict[str, Any]:
         reason = message.get("reason")
         detail = message.get("detail")
         detail = _clip(detail) if isinstance(detail, str) else ""
-        raise KVTransferError(reason if reason in FAILURE_REASONS else "refused", f"receiver: {detail}")
+        raise KVTransferError(reason if reason in WIRE_REASONS else "refused", f"receiver: {detail}")
     if message.get("type") != kind:
         raise KVTransferError("bad_header", f"expected a {kind!r} answer, got {_clip(repr(message.get('type')))}")
     return message

@@ -7,7 +7,8 @@ dies: `process_guard`). Logs go to stderr.
 
 Internal API (the router is its only client; bodies are JSON, streams are NDJSON, one event a line):
 - `POST /generate` (colocated/chunked/decode): {request_id, prompt_token_ids, max_tokens, temperature,
-  seed, ignore_eos, kv}; header `traceparent` = the router's root span. Answers 200 with a stream of
+  top_p, seed, ignore_eos, stop (strings: the request ends once its output bytes end with one), kv};
+  header `traceparent` = the router's root span. Answers 200 with a stream of
   `{"token": id}`, then `{"done": {finish_reason, prompt_tokens, cached_tokens, output_tokens}}` or
   `{"error": {status, type, message}}`. With `kv: true` (decode workers) the stream starts once the
   request's KV has arrived from a prefill worker. 400 on a bad body, 503 when the queue is full.
@@ -53,17 +54,19 @@ from reference_server.model import ModelArgs, build_model
 from reference_server.process_guard import die_with_parent
 from reference_server.ready_line import ready_line
 from reference_server.scheduler import QueueFull, Request, RequestRejected
-from reference_server.tokenizer import EOS_ID
+from reference_server.tokenizer import EOS_ID, encode
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.auth import bearer_ok, check_bind_token
-from tracer.metrics import exposition
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
 
 log = logging.getLogger("reference_server.worker")
 
 ROLES = ("colocated", "chunked", "prefill", "decode")
 MAX_BODY_BYTES = 4 << 20  # a max_seq_len prompt as JSON token ids fits many times over
 MAX_REQUEST_ID_CHARS = 256
+MAX_STOP_SEQUENCES = 16
+MAX_STOP_CHARS = 256
 NDJSON = "application/x-ndjson"
 
 
@@ -85,6 +88,7 @@ class WorkerOptions:
     sidecar_socket: str | None = None
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     max_waiting: int = 256
+    kv_wait_s: float = 5.0  # decode: how long a KV transfer waits for room before it is refused
 
 
 def internal_api_token(host: str) -> str | None:
@@ -140,6 +144,7 @@ class Worker:
             sidecar_socket=options.sidecar_socket,
             registry=CollectorRegistry(),  # the worker serves its own /metrics on either export path
         )
+        self.metric_labels = process_labels(options.name)
         self.model = build_model(self.args, seed=options.seed, device=options.device)
         bytes_per_block = kv_bytes_per_token(self.args, torch.float32) * options.block_size
         kv_blocks = options.kv_blocks or default_kv_blocks(
@@ -161,6 +166,7 @@ class Worker:
             deliver=self.deliver,
             max_waiting_requests=options.max_waiting,
             anchor=getattr(clock, "anchor", None),
+            kv_wait_s=options.kv_wait_s,
             on_fatal=lambda reason: loop.call_soon_threadsafe(self.engine_failed.set),
         )
         self.receiver = None
@@ -221,7 +227,9 @@ class Worker:
         registry = self.tracing.registry
         if registry is None:
             return web.Response(body=b"", content_type="text/plain")
-        body, content_type = exposition(registry, request.headers.get("Accept"))
+        # Off the loop that streams tokens to the router; every series labelled with this worker.
+        body, content_type = await asyncio.to_thread(exposition, registry, request.headers.get("Accept"),
+                                                     self.metric_labels)  # fmt: skip
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
@@ -249,9 +257,18 @@ class Worker:
         seed = body.get("seed")
         if seed is not None and type(seed) is not int:
             raise BadRequest("seed must be an integer or null")
-        stops = frozenset() if body.get("ignore_eos") is True else frozenset({EOS_ID})
+        top_p = body.get("top_p", 1.0)
+        if type(top_p) not in (int, float):
+            raise BadRequest("top_p must be a number")
+        stop = body.get("stop") or []
+        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES or not all(
+            isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stop
+        ):
+            raise BadRequest(f"stop must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings")
+        stop_tokens = frozenset() if body.get("ignore_eos") is True else frozenset({EOS_ID})
         try:
-            req = Request(request_id, tuple(prompt), max_tokens, float(temperature), stops)
+            req = Request(request_id, tuple(prompt), max_tokens, float(temperature), stop_tokens, float(top_p),
+                          tuple(tuple(encode(x)) for x in stop))  # fmt: skip
         except RequestRejected as exc:
             raise BadRequest(str(exc)) from None
         ctx = TraceContext.from_traceparent(request.headers.get("traceparent")) or TraceContext.new_root()
@@ -292,9 +309,13 @@ class Worker:
                         break
                 await response.write(b"".join(lines))
             await response.write_eof()
+        except ConnectionError:  # the router went away mid-stream: a normal disconnect, no traceback
+            pass
         finally:
             if not finished:  # the router went away (or the write failed): free the request's blocks
-                self.engine.abort(req.request_id, "client_disconnected")
+                self.engine.abort(req.request_id, ABORT_CLIENT_DISCONNECTED)
+                if self.receiver is not None:  # and cut its KV transfer if it is on its way
+                    self.receiver.cancel(req.request_id)
         return response
 
     async def prefill(self, request: web.Request) -> web.Response:
@@ -319,7 +340,7 @@ class Worker:
         try:
             event = await outcome
         except asyncio.CancelledError:
-            self.engine.abort(req.request_id, "client_disconnected")
+            self.engine.abort(req.request_id, ABORT_CLIENT_DISCONNECTED)
             raise
         from reference_server.handoff import EVENT_TRANSFERRED
 

@@ -26,6 +26,7 @@ from tracer.records import (
     call_in_child_after_fork,
 )
 from tracer.context import TraceContext
+from tracer.vocabulary import OPERATION_TEXT_COMPLETION
 
 
 @runtime_checkable
@@ -54,7 +55,8 @@ class Tracer(Protocol):
 
     def request(self, ctx: TraceContext, span_id: int, start: Any, end: Any, first_token: Any, *, model: str,
                 mode: str, request_id: str, input_tokens: int, output_tokens: int,
-                token_gap_s: array | None = None, error_type: str = "") -> None: ...  # fmt: skip
+                token_gap_s: array | None = None, error_type: str = "",
+                operation: str = OPERATION_TEXT_COMPLETION) -> None: ...  # fmt: skip
 
 
 class RecordingTracer:
@@ -156,11 +158,12 @@ def _recorders(push: Callable[[tuple], None]) -> tuple[Callable[..., Any], ...]:
         output_tokens: int,
         token_gap_s: array | None = None,
         error_type: str = "",
+        operation: str = OPERATION_TEXT_COMPLETION,
     ) -> None:
-        """Record the router's root span (`text_completion {model}`) and the client-facing latencies.
-        Once per request, so its keyword-only fields cost nothing that matters."""
+        """Record the router's root span (`{operation} {model}`: `text_completion` or `chat`) and the
+        client-facing latencies. Once per request, so its keyword-only fields cost nothing that matters."""
         push((KIND_REQUEST, ctx, span_id, start, end, first_token, model, mode, request_id, input_tokens,
-              output_tokens, token_gap_s, error_type))  # fmt: skip
+              output_tokens, token_gap_s, error_type, operation))  # fmt: skip
 
     return stage, stage_wall, decode, step, request
 

@@ -22,10 +22,12 @@ from dataclasses import dataclass
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, start_http_server
-from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from tracer.vocabulary import METERED_STAGES, DropReason, Mode, Pool
+from tracer.resource import env_resource_attributes
+from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
 LATENCY_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -36,16 +38,50 @@ TOKEN_BUCKETS_S = (
     0.5, 0.75, 1.0, 2.5,
 )  # fmt: skip
 
+# Names the alert rules and dashboards read, as Prometheus stores them (histograms: the family, without
+# `_bucket`/`_sum`/`_count`; counters: with `_total`).
+TTFT_HISTOGRAM = "gen_ai_server_time_to_first_token_seconds"
+ITL_HISTOGRAM = "splitscope_inter_token_latency_seconds"
+STEP_HISTOGRAM = "splitscope_step_duration_seconds"
+STAGE_HISTOGRAM = "splitscope_stage_duration_seconds"
+KV_TRANSFER_FAILURES_COUNTER = "splitscope_kv_transfer_failures_total"
+TRACER_DROPPED_COUNTER = "splitscope_tracer_dropped_records_total"
+WORKER_BUSY_COUNTER = "splitscope_worker_busy_seconds_total"
+POOL_WORKERS_GAUGE = "splitscope_pool_workers"
+REQUESTS_WAITING_GAUGE = "splitscope_requests_waiting"
+# The request-level interference signal (tracer/sidecar/overlap.py), for engines without step timing:
+# each finished request's decode, classified by whether another request's prefill ran on its worker meanwhile.
+DECODE_TPOT_HISTOGRAM = "splitscope_decode_tpot_seconds"
+DECODE_STEPS_COUNTER = "splitscope_decode_overlap_classified_steps_total"
+DECODE_SECONDS_COUNTER = "splitscope_decode_overlap_classified_seconds_total"
+OVERLAP_PREFILL_STEPS_COUNTER = "splitscope_decode_overlap_prefill_steps_total"
+OVERLAP_PREFILL_SECONDS_COUNTER = "splitscope_decode_overlap_prefill_seconds_total"
+OVERLAP_PREFILL_TOKENS_COUNTER = "splitscope_decode_overlap_prefill_tokens_total"
+OVERLAP_LATE_PREFILLS_COUNTER = "splitscope_decode_overlap_late_prefills_total"
+OVERLAP_UNCLASSIFIED_COUNTER = "splitscope_decode_overlap_unclassified_requests_total"
+PREFILL_OVERLAP_LABEL = "prefill_overlap"
+WORKER_PREFILL_BUSY_COUNTER = "splitscope_worker_prefill_busy_seconds_total"
+
+# Labels of the process, not of the catalogue: every series a process exports carries them.
+NAMESPACE_LABEL = "namespace"
+WORKER_LABEL = "worker"
+
 POOLS = tuple(Pool)
 # splitscope_kv_transfer_failures_total{reason}
+KV_FAILURE_REFUSED = "refused"
 KV_TRANSFER_FAILURE_REASONS = (
     "checksum",  # bytes arrived but do not match the sender's checksum
     "connection",  # a connection could not be made, or dropped mid-transfer
     "timeout",  # a socket operation or the whole transfer ran past its deadline
-    "refused",  # the receiver is out of blocks, connections or transfer slots, or rejected the result
+    KV_FAILURE_REFUSED,  # the receiver is out of blocks, connections or transfer slots, or rejected the result
     "unauthorized",  # the shared-secret token is missing or wrong
     "bad_header",  # a frame failed validation (the receiver wrote nothing into its pool)
 )
+# splitscope_requests_aborted_total{reason}: requests ended before their answer was complete (the router
+# counts each once, wherever the request then lived).
+REQUESTS_ABORTED = "splitscope_requests_aborted"
+ABORT_CLIENT_DISCONNECTED = "client_disconnected"  # the client closed its connection mid-request
+REQUEST_ABORT_REASONS = (ABORT_CLIENT_DISCONNECTED,)
 MODES = tuple(Mode)
 # Tokens one engine step processed (prefill and decode together): 1 .. 16k, doubling.
 STEP_TOKEN_BUCKETS = tuple(float(2**i) for i in range(15))
@@ -58,6 +94,11 @@ ENGINE_SCRAPE_DURATION = "splitscope_engine_scrape_duration_seconds"
 STEP_TOKENS = "splitscope_step_tokens"
 PREEMPTIONS = "splitscope_preemptions"
 REQUESTS_FINISHED = "splitscope_requests_finished"
+# The sidecar's local tail sampler (tracer/sidecar/tail_sampler.py): spans it kept or dropped on purpose
+# (not losses: splitscope_tracer_dropped_records counts those), and its decisions per trace.
+TAIL_SAMPLER_SPANS = "splitscope_tail_sampler_spans"
+TAIL_SAMPLER_TRACES = "splitscope_tail_sampler_traces"
+TAIL_DECISIONS = ("kept", "dropped")
 
 
 class Catalogue:
@@ -126,6 +167,15 @@ class Catalogue:
         self.tracer_dropped = Counter(
             "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"],
             registry=r)
+        self.requests_aborted = Counter(
+            REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason",
+            ["reason"], registry=r)
+        self.tail_sampler_spans = Counter(
+            TAIL_SAMPLER_SPANS, "Spans the sidecar's tail sampler exported or dropped, by decision", ["decision"],
+            registry=r)
+        self.tail_sampler_traces = Counter(
+            TAIL_SAMPLER_TRACES, "Traces the sidecar's tail sampler decided, by decision and what triggered it "
+            "(root, timeout, buffer_full)", ["decision", "trigger"], registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         self.step_tokens = Histogram(
@@ -136,12 +186,52 @@ class Catalogue:
         self.requests_finished = Counter(
             REQUESTS_FINISHED, "Finished requests by finish reason (stop, length, abort, error)",
             ["pool", "reason"], registry=r)
+        # Fed a batch of finished requests at a time (the sidecar's classifier), no exemplar.
+        self.decode_tpot = BulkHistogram(
+            DECODE_TPOT_HISTOGRAM,
+            "A finished request's decode time per output token after the first, split by whether another "
+            "request's prefill ran on its worker during its decode (engines without step timing)",
+            ["pool", PREFILL_OVERLAP_LABEL], buckets=TOKEN_BUCKETS_S, registry=r)
+        self.decode_classified_steps = Counter(
+            DECODE_STEPS_COUNTER.removesuffix("_total"),
+            "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
+            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+        self.decode_classified_seconds = Counter(
+            DECODE_SECONDS_COUNTER.removesuffix("_total"),
+            "Decode time of the requests splitscope_decode_tpot_seconds classified",
+            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+        self.overlap_prefill_steps = Counter(
+            OVERLAP_PREFILL_STEPS_COUNTER.removesuffix("_total"),
+            "Steps of overlapped decodes that carried another request's prefill (prefills starting together: one step)",
+            ["pool"], registry=r)
+        self.overlap_prefill_seconds = Counter(
+            OVERLAP_PREFILL_SECONDS_COUNTER.removesuffix("_total"),
+            "Time of those steps: the union of the overlapping prefill windows inside each decode",
+            ["pool"], registry=r)
+        self.overlap_prefill_tokens = Counter(
+            OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),
+            "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
+            ["pool"], registry=r)
+        self.worker_prefill_busy = Counter(
+            WORKER_PREFILL_BUSY_COUNTER.removesuffix("_total"),
+            "Time a worker had at least one request in prefill, from request spans (engines without step timing)",
+            ["pool", "worker"], registry=r)
+        self.overlap_late_prefills = Counter(
+            OVERLAP_LATE_PREFILLS_COUNTER.removesuffix("_total"),
+            "Prefills that arrived after a decode they overlapped was classified (not counted in it)",
+            ["pool"], registry=r)
+        self.overlap_unclassified = Counter(
+            OVERLAP_UNCLASSIFIED_COUNTER.removesuffix("_total"),
+            "Finished decodes left unclassified because the classifier's bounded hold was full",
+            ["pool"], registry=r)
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
         for drop_reason in DropReason:
             self.tracer_dropped.labels(reason=drop_reason)
         for reason in KV_TRANSFER_FAILURE_REASONS:
             self.kv_transfer_failures.labels(reason=reason)
+        for reason in REQUEST_ABORT_REASONS:
+            self.requests_aborted.labels(reason=reason)
 
     def bind(self, pool: str, worker: str) -> WorkerMetrics:
         """The label children of one worker, created once."""
@@ -269,10 +359,58 @@ def exemplar(trace_id: int) -> dict[str, str]:
     return {"trace_id": format(trace_id, "032x")}
 
 
-def exposition(registry: CollectorRegistry, accept_header: str | None) -> tuple[bytes, str]:
-    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks."""
+def deployment_namespace() -> str | None:
+    """The deployment this process belongs to: `service.namespace` of OTEL_RESOURCE_ATTRIBUTES, or None.
+
+    It becomes the `namespace` label of every series the process exports (DESIGN 4, 5), which is how alert
+    rules and dashboards tell deployments sharing one Prometheus apart.
+    """
+    namespace = env_resource_attributes().get(RESOURCE_SERVICE_NAMESPACE)
+    return str(namespace) if namespace else None
+
+
+def process_labels(worker: str | None = None) -> dict[str, str]:
+    """Labels every series of this process carries: `namespace` (when set) and `worker` (workers only)."""
+    labels = {}
+    namespace = deployment_namespace()
+    if namespace:
+        labels[NAMESPACE_LABEL] = namespace
+    if worker:
+        labels[WORKER_LABEL] = worker
+    return labels
+
+
+class LabelledCollection:
+    """A registry's families with `labels` added to every sample that lacks them (read at scrape time).
+
+    A series that already has one of the labels (e.g. `splitscope_requests_waiting{worker}`) keeps its own.
+    """
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+        self._registry = registry
+        self._labels = labels
+
+    def collect(self) -> Iterator[Metric]:
+        extra = self._labels
+        for family in self._registry.collect():
+            labelled = Metric(family.name, family.documentation, family.type, family.unit)
+            # The encoders sort labels, so one dict merge (the series' own values last, so they win) will do.
+            labelled.samples = [
+                Sample(s.name, {**extra, **s.labels}, s.value, s.timestamp, s.exemplar) for s in family.samples
+            ]
+            yield labelled
+
+
+def exposition(registry: CollectorRegistry, accept_header: str | None,
+               labels: dict[str, str] | None = None) -> tuple[bytes, str]:  # fmt: skip
+    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
+
+    `labels` (see `process_labels`) are added to every series. CPU-bound (milliseconds for a worker's
+    catalogue): call it off an event loop that serves requests (`asyncio.to_thread`).
+    """
     encoder, content_type = choose_encoder(accept_header or "")
-    return encoder(registry), content_type
+    source = LabelledCollection(registry, labels) if labels else registry
+    return encoder(source), content_type
 
 
 def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):

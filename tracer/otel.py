@@ -154,10 +154,38 @@ def _env_count(env: Mapping[str, str], name: str, default: int) -> int:
     return int(value)
 
 
+class CountingExporter(SpanExporter):
+    """Counts the spans of every batch `exporter` gives up on (a FAILURE result, or an exception) through
+    `on_failed(n)`: the batch processor drops such a batch silently, after the exporter's own retries.
+    Runs on the batch processor's export thread; adds nothing to a successful export."""
+
+    def __init__(self, exporter: SpanExporter, on_failed: Callable[[int], None]) -> None:
+        self.exporter = exporter
+        self._on_failed = on_failed
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.exporter.export(spans)
+        except Exception:  # the SDK would log and drop it: count it first
+            self._on_failed(len(spans))
+            raise
+        if result is not SpanExportResult.SUCCESS:
+            self._on_failed(len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self.exporter.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self.exporter.force_flush(timeout_millis)
+
+
 def span_processors(traces_file: str | None, environ: Mapping[str, str] | None = None,
-                    on_drop: Callable[[int], None] | None = None) -> list[SpanProcessor]:  # fmt: skip
+                    on_drop: Callable[[int], None] | None = None,
+                    on_export_failed: Callable[[int], None] | None = None) -> list[SpanProcessor]:  # fmt: skip
     """One batching processor per exporter (OTLP from the environment, the traces file). `on_drop(n)`
-    counts spans a full export queue displaced. Raises ValueError on a malformed OTEL_BSP_* value."""
+    counts spans a full export queue displaced, `on_export_failed(n)` spans of batches an exporter gave up
+    on; every other span is exported or still queued. Raises ValueError on a malformed OTEL_BSP_* value."""
     env = os.environ if environ is None else environ
     exporters: list[SpanExporter] = []
     otlp = otlp_exporter_from_env(environ)
@@ -172,6 +200,8 @@ def span_processors(traces_file: str | None, environ: Mapping[str, str] | None =
         "max_export_batch_size": min(_env_count(env, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512), max_queue_size),
         "schedule_delay_millis": _env_count(env, "OTEL_BSP_SCHEDULE_DELAY", 500),
     }
+    if on_export_failed is not None:
+        exporters = [CountingExporter(e, on_export_failed) for e in exporters]
     return [CountingBatchSpanProcessor(e, on_drop=on_drop, **settings) for e in exporters]
 
 

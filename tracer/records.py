@@ -94,6 +94,7 @@ class RequestRecord(NamedTuple):
     output_tokens: int
     token_gap_s: array | None
     error_type: str
+    operation: str  # gen_ai.operation.name: text_completion | chat (the root span's name prefix)
 
 
 RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view

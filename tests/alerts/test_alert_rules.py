@@ -1,4 +1,4 @@
-"""alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
+"""tracer.alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 import pytest
 import yaml
 
-from alerts.rules import RULES_PATH, le_matcher, render_rules, render_rules_yaml
-from alerts.settings import AlertSettings
-from dashboards.catalogue import recording_rule_names, selector_names
+from tracer.alerts.rules import RULES_PATH, le_matcher, render_rules, render_rules_yaml
+from tracer.alerts.settings import AlertSettings
+from tracer.dashboards.catalogue import recording_rule_names, selector_names
 
 # DESIGN section 6, written out here so a renamed or dropped alert fails this test.
 DESIGN_ALERTS = {
@@ -78,7 +78,8 @@ def test_slo_thresholds_live_in_the_burn_rules_as_bucket_matchers() -> None:
     ttft = exprs["model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate5m"]
     itl = exprs["pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"]
     assert le_matcher(2.0) in ttft and le_matcher(0.1) in itl
-    moved = render_rules(settings=AlertSettings(ttft_slo_s=3.0, itl_slo_s=0.05))
+    assert le_matcher(1.0) in ttft and le_matcher(0.075) in itl  # the engines' fallback edges
+    moved = render_rules(settings=AlertSettings(ttft_slo_s=3.0, itl_slo_s=0.05, itl_fallback_edge_s=0.04))
     moved_exprs = {rule.get("record"): rule["expr"] for rule in _rules(moved)}
     assert le_matcher(3.0) in moved_exprs["model_mode:gen_ai_server_time_to_first_token_seconds:slo_miss_ratio_rate5m"]
     assert le_matcher(0.05) in moved_exprs["pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"]
@@ -114,7 +115,7 @@ def test_for_scale_and_range_override_shorten_every_rule() -> None:
         windows = set(re.findall(r"\[(\w+)\]", after["expr"]))
         assert windows <= {"20s"}, after["expr"]
         if "for" in before:
-            assert {"10m": "6s", "15m": "9s", "5m": "3s", "2m": "1s200ms"}[before["for"]] == after["for"]
+            assert {"10m": "6s", "15m": "9s", "5m": "3s", "2m": "1s200ms", "1m": "600ms"}[before["for"]] == after["for"]
 
 
 def test_bad_range_override_is_refused_with_a_clear_error() -> None:
@@ -122,3 +123,40 @@ def test_bad_range_override_is_refused_with_a_clear_error() -> None:
         render_rules(range_override="five minutes")
     with pytest.raises(ValueError, match="for_scale"):
         render_rules(for_scale=-1)
+
+
+_GROUPING = re.compile(r"\b(by|on)\s*\(([^)]*)\)")
+
+
+@pytest.mark.parametrize("labels", [("namespace",), ("cluster", "namespace")])
+def test_every_aggregation_and_join_keeps_the_deployment_labels(labels) -> None:
+    """Deployments sharing a Prometheus never mix: every `by (...)` and `on (...)` lists them first."""
+    doc = render_rules(settings=AlertSettings(deployment_labels=labels))
+    groupings = [m.groups() for rule in _rules(doc) for m in _GROUPING.finditer(rule["expr"])]
+    assert len(groupings) > 40
+    for keyword, names in groupings:
+        assert [n.strip() for n in names.split(",")][: len(labels)] == list(labels), (keyword, names)
+    exprs = "\n".join(rule["expr"] for rule in _rules(doc))
+    assert not re.search(r"\b(sum|max|min|avg|count)\s*\(", exprs), "an aggregation without `by`"
+    assert "on ()" not in exprs
+
+
+def test_settings_that_cannot_work_are_refused() -> None:
+    with pytest.raises(ValueError, match="deployment_labels"):
+        render_rules(settings=AlertSettings(deployment_labels=("name space",)))
+    with pytest.raises(ValueError, match="ttft_fallback_edge_s"):
+        render_rules(settings=AlertSettings(ttft_fallback_edge_s=2.5))
+    with pytest.raises(ValueError, match="recommend_min_horizon_share"):
+        render_rules(settings=AlertSettings(recommend_min_horizon_share=0))
+
+
+def test_horizon_override_keeps_the_recommendation_horizon_apart_from_the_windows() -> None:
+    fast = _rules(render_rules(for_scale=0.01, range_override="10s", horizon_override="90s"))
+    horizon = {r["record"] for r in fast if "[90s]" in r["expr"]}
+    assert horizon == {
+        "pool:splitscope_interference:ttft_missed_share1h", "pool:splitscope_interference:itl_missed_share1h",
+        "pool:splitscope_step_duration_seconds:prefill_time_share1h",
+    }
+    assert all(set(re.findall(r"\[(\w+)\]", r["expr"])) <= {"10s"} for r in fast if r.get("record") not in horizon)
+    with pytest.raises(ValueError):
+        render_rules(range_override="10s", horizon_override="an hour")

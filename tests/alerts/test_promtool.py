@@ -7,9 +7,9 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from alerts import promtool
-from alerts.cli import alerts_group
-from alerts.rules import render_rules
+from tracer.alerts import promtool
+from tracer.alerts.cli import alerts_group
+from tracer.alerts.rules import render_rules
 
 
 def test_promtool_check_rules_passes() -> None:

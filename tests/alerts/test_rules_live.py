@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-from alerts.rules import render_rules_yaml
+from tracer.alerts.rules import render_rules_yaml
 from tests.prom import running_prometheus, serving_registry
 
 PREFILL_STEPS_PER_S, PREFILL_STEP_S = 10.0, 0.2

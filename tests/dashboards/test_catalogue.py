@@ -1,4 +1,4 @@
-"""dashboards.catalogue: every metric a dashboard or rule reads is in DESIGN section 5 and in the tracer's
+"""tracer.dashboards.catalogue: every metric a dashboard or rule reads is in DESIGN section 5 and in the tracer's
 real exposition."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dashboards.catalogue import family_name, referenced_metrics, selector_names
+from tracer.dashboards.catalogue import family_name, referenced_metrics, selector_names
 
 # DESIGN section 5, as data: name -> (type, labels).
 DESIGN_CATALOGUE = {
@@ -33,6 +33,16 @@ DESIGN_CATALOGUE = {
     "splitscope_gpu_telemetry_up": ("gauge", set()),
     "splitscope_tracer_dropped_records_total": ("counter", {"reason"}),
     "splitscope_tracer_pending_records": ("gauge", set()),
+    # Request-level interference for engines without step timing (the sidecar's tracer/sidecar/overlap.py).
+    "splitscope_decode_tpot_seconds": ("histogram", {"pool", "prefill_overlap"}),
+    "splitscope_decode_overlap_classified_steps_total": ("counter", {"pool", "prefill_overlap"}),
+    "splitscope_decode_overlap_classified_seconds_total": ("counter", {"pool", "prefill_overlap"}),
+    "splitscope_decode_overlap_prefill_steps_total": ("counter", {"pool"}),
+    "splitscope_decode_overlap_prefill_seconds_total": ("counter", {"pool"}),
+    "splitscope_decode_overlap_prefill_tokens_total": ("counter", {"pool"}),
+    "splitscope_decode_overlap_late_prefills_total": ("counter", {"pool"}),
+    "splitscope_decode_overlap_unclassified_requests_total": ("counter", {"pool"}),
+    "splitscope_worker_prefill_busy_seconds_total": ("counter", {"pool", "worker"}),
 }
 
 

@@ -11,11 +11,11 @@ import promql_parser
 import pytest
 from click.testing import CliRunner
 
-from alerts.settings import DEFAULT_SETTINGS
-from dashboards.build import DASHBOARDS, GENERATED_DIR, load_generated, render_all, stale_files
-from dashboards.catalogue import dashboard_queries, grafana_to_promql
-from dashboards.cli import dashboards_group
-from dashboards.common import TRACES_DATASOURCE_UID
+from tracer.alerts.settings import DEFAULT_SETTINGS
+from tracer.dashboards.build import DASHBOARDS, GENERATED_DIR, load_generated, render_all, stale_files
+from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
+from tracer.dashboards.cli import dashboards_group
+from tracer.dashboards.common import TRACES_DATASOURCE_UID
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LATENCY_HISTOGRAMS = (

@@ -10,9 +10,9 @@ import click
 import pytest
 import yaml
 
-from alerts.promtool import promtool_path
-from alerts.rules import RULES_PATH
-from dashboards.build import GENERATED_DIR
+from tracer.alerts.promtool import promtool_path
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.build import GENERATED_DIR
 from reference_server.launch import serve_command
 from tracer.sidecar.main import sidecar_command
 
@@ -72,7 +72,8 @@ def test_prometheus_config_is_valid_and_scrapes_our_default_ports() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = {job["job_name"]: job for job in _yaml("prometheus.yml")["scrape_configs"]}
     targets = {job: [t for sc in cfg["static_configs"] for t in sc["targets"]] for job, cfg in jobs.items()}
-    # The router's /metrics merges its workers', and the sidecar's /metrics answers on its OTLP/HTTP port:
+    # The router's /metrics joins its workers' (each keeps its `worker` label), and the sidecar's /metrics
+    # answers on its OTLP/HTTP port:
     # one target per process at the commands' own defaults, so no series is scraped twice.
     assert targets == {
         "splitscope-router": [f"127.0.0.1:{_default(serve_command, 'port')}"],

@@ -8,6 +8,9 @@ The stack, shared by the module (real processes, real sockets, real HTTP):
 - a colocated reference server (`tiny`, 1 worker) recording its own metrics, so a colocated pool has steps
   with and without prefill (the interference panels);
 - a Prometheus scraping the two routers and the sidecar every second, with the committed rules.
+
+The two servers are two deployments (`--namespace`), as two teams sharing one Prometheus: every series a
+server exports carries its namespace and every worker's its `worker`, and the rules keep them apart.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from alerts.rules import RULES_PATH
-from dashboards.catalogue import (
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards import interference
+from tracer.dashboards.catalogue import (
     dashboard_queries,
     grafana_to_promql,
     referenced_metrics,
@@ -37,6 +41,7 @@ from tracer.load import LengthSpec, LoadConfig
 from tracer.sidecar.server import Sidecar, SidecarConfig
 
 PRESET = "tiny"
+NAMESPACES = {"disaggregated": "team-disagg", "colocated": "team-coloc"}
 LOAD_S = 6.0
 PANEL_WAIT_S = 60.0
 
@@ -45,6 +50,9 @@ RARE_DATA = {
     ("splitscope-kv-transfer", "Failures by reason"):
         "no KV transfer fails in a healthy run; the series appear with the first failure",
 }
+# Fed only by engines watched through the sidecar (request spans of stock vLLM, SGLang); this stack runs
+# our own workers, whose step timing those panels stand in for (tests/e2e/test_request_interference_live.py).
+REQUEST_LEVEL_ONLY = {(interference.UID, title) for title in interference.REQUEST_PANELS}
 # Only while the components report no GPU telemetry (splitscope_gpu_telemetry_up 0, e.g. a CPU machine);
 # the "GPU telemetry" panel itself must still show that 0.
 GPU_ONLY = {
@@ -82,10 +90,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sidecar.start()
     disaggregated = ServerProcess(
         ["--preset", PRESET, "--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1",
-         "--sidecar-socket", socket_path], log_path=work / "disaggregated.log",
+         "--sidecar-socket", socket_path, "--namespace", NAMESPACES["disaggregated"]],
+        log_path=work / "disaggregated.log",
     )  # fmt: skip
-    colocated = ServerProcess(["--preset", PRESET, "--mode", "colocated", "--workers", "1"],
-                              log_path=work / "colocated.log")  # fmt: skip
+    colocated = ServerProcess(["--preset", PRESET, "--mode", "colocated", "--workers", "1",
+                               "--namespace", NAMESPACES["colocated"]], log_path=work / "colocated.log")  # fmt: skip
     try:
         with ThreadPoolExecutor(2) as pool:  # both import torch and build a model: start them side by side
             for started in [pool.submit(s.start) for s in (disaggregated, colocated)]:
@@ -124,10 +133,10 @@ def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None
 def test_every_dashboard_panel_returns_data_from_a_live_prometheus(stack: Stack) -> None:
     queries = dashboard_queries()
     panels = {(uid, title) for uid, title, _ in queries}
-    assert set(RARE_DATA) | GPU_ONLY <= panels, "an allow-listed panel no longer exists"
+    assert set(RARE_DATA) | GPU_ONLY | REQUEST_LEVEL_ONLY <= panels, "an allow-listed panel no longer exists"
     telemetry_up = finite_values(stack.prom.query("max(splitscope_gpu_telemetry_up)"))
     assert telemetry_up, "no component exposes splitscope_gpu_telemetry_up"
-    exempt = set(RARE_DATA) | (GPU_ONLY if telemetry_up[0] == 0 else set())
+    exempt = set(RARE_DATA) | REQUEST_LEVEL_ONLY | (GPU_ONLY if telemetry_up[0] == 0 else set())
 
     pending = {(uid, title, grafana_to_promql(expr)) for uid, title, expr in queries if (uid, title) not in exempt}
     assert all("$" not in promql for _, _, promql in pending)
@@ -149,7 +158,23 @@ def test_committed_rules_evaluate_cleanly_on_live_data(stack: Stack) -> None:
     unhealthy = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
     assert unhealthy == []
     # Recording rules that join several families have values on real data.
-    for record in ("cluster:splitscope_kv_transfer:ttft_share5m", "pool:splitscope_worker_busy:ratio5m",
+    for record in ("deployment:splitscope_kv_transfer:ttft_share5m", "pool:splitscope_worker_busy:ratio5m",
                    "pool:splitscope_step_duration_seconds:prefill_time_share5m"):  # fmt: skip
         assert finite_values(stack.prom.query(record)), f"{record} has no value"
     assert "TelemetryAbsent" not in {a["labels"]["alertname"] for a in stack.prom.alerts()}
+    # Each deployment's pools are judged on their own: one busy ratio per (namespace, pool), none over 1.
+    busy = stack.prom.query("pool:splitscope_worker_busy:ratio5m")
+    pools = {(s["metric"].get("namespace"), s["metric"]["pool"]) for s in busy}
+    assert pools == {("team-disagg", "prefill"), ("team-disagg", "decode"), ("team-coloc", "colocated")}
+    assert all(0 <= v <= 1 for v in finite_values(busy)), busy
+
+
+def test_every_worker_series_keeps_its_worker_and_namespace(stack: Stack) -> None:
+    """Nothing is summed across processes: Prometheus stores each worker's series apart. (The sidecar's
+    span-derived series are the sidecar's own and are left out here.)"""
+    sidecar = f"127.0.0.1:{stack.sidecar.http_port}"
+    steps = stack.prom.query(f'splitscope_step_duration_seconds_count{{instance!="{sidecar}"}}')
+    labelled = {(s["metric"].get("namespace"), s["metric"]["pool"], s["metric"].get("worker")) for s in steps}
+    assert {("team-disagg", "prefill", "prefill-0"), ("team-disagg", "decode", "decode-0"),
+            ("team-coloc", "colocated", "colocated-0")} <= labelled  # fmt: skip
+    assert all(worker for _, _, worker in labelled), labelled

@@ -5,6 +5,8 @@ source, in a real Prometheus scraping a real colocated reference server (`small`
   ChunkedPrefillRecommended stay inactive, while the recording rules they read have data.
 - The same steady stream plus bursts of long prompts: DecodeInterference and one of the two
   recommendations become pending or firing.
+- Recurring bursts with quiet stretches between them: a recommendation still comes, judged over a horizon
+  (90 s here, an hour in the committed file) longer than the windows (10 s here, 5 minutes there).
 
 The windows are 20 s instead of 5 minutes, so a rule's first evaluations see only a few scrapes. In
 production a 5-minute window is always full; the silent case therefore judges the run once one whole window
@@ -18,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.rules import render_rules_yaml
-from alerts.settings import DEFAULT_SETTINGS
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import DEFAULT_SETTINGS
 from reference_server.process import ServerProcess
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import PrometheusHandle, running_prometheus
@@ -51,6 +53,14 @@ STEADY_RATE_RPS, STEADY_PROMPT, STEADY_OUTPUT = 6.0, LengthSpec(8), LengthSpec(9
 # four 1024-token prompts a second fit, and no objective was missed.
 BURST = BurstSpec(every_s=1.0, count=4, prompt_tokens=2048)
 BURST_STREAM_RATE_RPS, BURST_STREAM_PROMPT, BURST_STREAM_OUTPUT = 2.0, LengthSpec(32), LengthSpec(64)
+
+# Recurring bursts: eight 2048-token prompts every 30 s beside the same short stream. Each burst is a few
+# seconds of prefill work, so its 10 s windows interfere (and queue the burst's last prompts past the 2 s
+# TTFT objective) for a third to a half of every 30 s, and the windows in between do not.
+RECURRING_WINDOW_S, RECURRING_HORIZON_S = 10, 90
+RECURRING_BURST = BurstSpec(every_s=30.0, count=8, prompt_tokens=2048)
+RECURRING_LIMIT_S = 200.0
+ACTIVE = "pool:splitscope_interference:active5m"
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +138,29 @@ def test_long_prompts_raise_decode_interference_and_a_recommendation(server: Ser
     assert ratio and ratio[0] > DEFAULT_SETTINGS.interference_factor
     if "DecodeInterference" in active:
         assert "slower than pure decode steps in pool colocated" in active["DecodeInterference"]["annotations"]["summary"]
+
+
+def test_recurring_bursts_raise_a_recommendation_judged_over_the_horizon(server: ServerProcess, tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(render_rules_yaml(for_scale=FOR_SCALE, range_override=f"{RECURRING_WINDOW_S}s",
+                                       horizon_override=f"{RECURRING_HORIZON_S}s"), encoding="utf-8")  # fmt: skip
+    with running_prometheus([_target(server)], rule_files=[rules]) as prom:
+        prom.wait_targets_up(timeout_s=30)
+        load = BackgroundLoad(_load(server, rate_rps=BURST_STREAM_RATE_RPS, duration_s=RECURRING_LIMIT_S,
+                                    prompt=BURST_STREAM_PROMPT, output=BURST_STREAM_OUTPUT, burst=RECURRING_BURST,
+                                    max_inflight=16)).start()  # fmt: skip
+        try:
+            recommendation = prom.wait_for(
+                'ALERTS{alertname=~"SplitRecommended|ChunkedPrefillRecommended"}', bool, timeout_s=RECURRING_LIMIT_S
+            )
+            # The pattern recurred rather than interfering throughout: some windows of the run were quiet.
+            active = prom.query(f'{ACTIVE}{{pool="colocated"}}[{int(RECURRING_LIMIT_S)}s]')
+        finally:
+            load.stop()
+        result = load.join()
+
+    assert result.summary.ok > 0
+    assert recommendation[0]["metric"]["pool"] == "colocated"
+    assert recommendation[0]["metric"]["alertstate"] in ("pending", "firing")
+    values = [float(v) for series in active for _, v in series["values"]]
+    assert 0.0 in values and 1.0 in values, f"interference indicator over the run: {values}"

@@ -50,6 +50,7 @@ def main(kind: str, spans: int) -> dict:
         os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{closed_port()}"
         os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "grpc" if kind == "otlp-grpc" else "http/protobuf"
     from tracer import start_tracing  # after the environment is set: exporters read it
+    from tracer.vocabulary import DropReason
 
     socket_dir = tempfile.mkdtemp(prefix="flood-")
     dead_socket = os.path.join(socket_dir, "nobody-listens.sock") if kind == "sidecar" else None
@@ -87,11 +88,8 @@ def main(kind: str, spans: int) -> dict:
         (processor,) = sink.processors
         held = len(processor._batch_processor._queue)
         cap = processor._batch_processor._max_queue_size
-    registry = session.registry
-    dropped = {
-        reason: registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": reason}) or 0.0
-        for reason in ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full")
-    }
+    counted = session.dropped_records.by_reason()  # on either path, with or without a Prometheus catalogue
+    dropped = {str(reason): float(counted.get(reason, 0)) for reason in DropReason}
     return {"kind": kind, "produced": produced, "emitted": pipeline.emitted, "dropped": dropped, "held": held,
             "cap": cap, "rss_before": rss_before, "rss_after": rss_after}  # fmt: skip
 

@@ -122,3 +122,30 @@ def test_a_sidecar_whose_collector_is_dead_counts_what_its_export_queue_drops(tm
         wait_for(lambda: dropped() >= 1000 - 128 - 32, 30, "the sidecar to count its export queue's drops")
     finally:
         sidecar.stop(2.0)
+
+
+class RefusingExporter(SpanExporter):
+    """A collector that answers every batch with an error: FAILURE, then an exception."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        if self.calls == 1:
+            return SpanExportResult.FAILURE
+        raise ConnectionError("collector gone")
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_batches_an_exporter_gives_up_on_are_counted_not_lost():
+    from tracer.otel import CountingExporter
+
+    failed = []
+    exporter = CountingExporter(RefusingExporter(), failed.append)
+    assert exporter.export([step_span()] * 3) is SpanExportResult.FAILURE
+    with pytest.raises(ConnectionError):
+        exporter.export([step_span()] * 5)
+    assert failed == [3, 5]

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tracer.vocabulary import Verdict
 
 SHIPPED_DATA = (
     "tracer/alerts/rules.yaml",
@@ -120,4 +121,6 @@ def test_the_installed_tracer_writes_traces_the_installed_report_reads(installed
     report = _run(installed, "splitscope", "report", str(traces), "--slo-ttft", "0.5", "--slo-itl", "0.1",
                   "--format", "json", cwd=tmp_path, timeout_s=300)  # fmt: skip
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
-    assert json.loads(report.stdout)["verdict"]  # a verdict or a reasoned insufficient-data, from the wheel
+    result = json.loads(report.stdout)
+    assert result["read"]["requests"] == 40 and result["read"]["steps"] == 40  # what the wheel's tracer wrote
+    assert result["verdict"] in set(Verdict)  # 40 requests: a verdict or a reasoned insufficient-data

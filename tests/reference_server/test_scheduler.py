@@ -309,3 +309,25 @@ def test_prefix_cache_hit_skips_cached_blocks_and_counts_tokens() -> None:
 def test_unknown_policy_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown scheduling policy 'disagg'"):
         make("disagg")
+
+
+def test_a_stop_sequence_ends_the_request_and_frees_its_blocks_at_once():
+    scheduler = make("colocated")
+    stop = (ord("\n"), ord("\n"))
+    scheduler.add(Request("r", (1, 2, 3), 50, stop_sequences=(stop,)))
+    emitted = []
+    for token in (ord("a"), ord("\n"), ord("b"), ord("\n"), ord("\n"), ord("c")):
+        _, outcome = run_step(scheduler, token)
+        emitted.extend(t for _, t in outcome.emitted)
+        if outcome.finished:
+            break
+    assert emitted == [ord("a"), ord("\n"), ord("b"), ord("\n"), ord("\n")]  # nothing after the stop
+    assert outcome.finished[0].finish_reason == "stop"
+    assert scheduler.allocator.usage_ratio() == 0 and not scheduler.has_work
+
+
+def test_requests_refuse_a_bad_top_p_or_an_empty_stop_sequence():
+    with pytest.raises(RequestRejected):
+        Request("r", (1,), 4, top_p=0.0)
+    with pytest.raises(RequestRejected):
+        Request("r", (1,), 4, stop_sequences=((),))

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from reference_server.router import Endpoint, sticky
-from tests.reference_server.server_harness import Server, reference_tokens, sse_events, streamed_token_ids, wait_for
+from tests.reference_server.server_harness import Server, http, reference_tokens, sse_events, streamed_token_ids, wait_for
 from tracer import spans as s
 
 
@@ -87,7 +87,6 @@ def test_sticky_routing_by_user_lands_on_the_prefix_cache(server):
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", None),
         ({"prompt": "x", "max_tokens": -3}, "max_tokens", None),
         ({"prompt": "x", "max_tokens": 5000}, "max_tokens", None),
-        ({"prompt": "x", "model": "gpt-4"}, "model", "model_not_found"),
         ({"prompt": ""}, "prompt", None),
     ],
 )
@@ -100,9 +99,26 @@ def test_bad_requests_get_400_with_an_openai_error_body(server, body, param, cod
     assert error["message"]
 
 
-def test_malformed_json_gets_400(server):
-    from tests.reference_server.server_harness import http
+def test_an_unknown_model_gets_404_as_openai_and_vllm_answer(server):
+    status, raw, headers = server.complete({"prompt": "x", "model": "gpt-4"})
+    error = json.loads(raw)["error"]
+    assert status == 404 and headers["Content-Type"].startswith("application/json")
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
 
+
+def test_a_chunked_chat_stream_with_a_stop_string(server):
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    status, raw, _ = http("POST", server.url + "/v1/chat/completions", body)
+    full = "".join(e["choices"][0]["delta"].get("content", "") for e in sse_events(raw) if isinstance(e, dict) and e["choices"])
+    stop = next(full[i : i + 2] for i in range(len(full) // 3, len(full) - 2) if "\ufffd" not in full[i : i + 2])
+    status, raw, _ = http("POST", server.url + "/v1/chat/completions", {**body, "stop": stop})
+    events = [e for e in sse_events(raw) if isinstance(e, dict) and e["choices"]]
+    assert status == 200 and events[-1]["choices"][0]["finish_reason"] == "stop"
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == full[: full.find(stop)]
+
+
+def test_malformed_json_gets_400(server):
     status, raw, _ = http("POST", server.url + "/v1/completions", raw=b'{"model": "tiny", "prompt": ')
     error = json.loads(raw)["error"]
     assert status == 400 and error["code"] == "invalid_json" and "JSON" in error["message"]

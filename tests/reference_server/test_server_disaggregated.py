@@ -125,9 +125,10 @@ def test_merged_metrics_hold_router_prefill_and_decode_series(server):
         code, body, headers = http("GET", f"http://127.0.0.1:{server.metrics_port}/metrics",
                                    headers={"Accept": "application/openmetrics-text"})  # fmt: skip
         text = body.decode()
-        wanted = ('splitscope_stage_duration_seconds_count{pool="prefill",stage="prefill"}',
-                  'splitscope_inter_token_latency_seconds_count{pool="decode"}',
-                  'splitscope_kv_transfer_bytes_total{dst_pool="decode",src_pool="prefill"}',
+        # Each worker's series carry its `worker` label (nothing summed across processes).
+        wanted = ('splitscope_stage_duration_seconds_count{pool="prefill",stage="prefill",worker="prefill-0"}',
+                  'splitscope_inter_token_latency_seconds_count{pool="decode",worker="decode-0"}',
+                  'splitscope_kv_transfer_bytes_total{dst_pool="decode",src_pool="prefill",worker="prefill-0"}',
                   'gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="tiny",mode="disaggregated"}')  # fmt: skip
         return (text, headers) if code == 200 and all(w in text for w in wanted) else None
 
@@ -135,17 +136,17 @@ def test_merged_metrics_hold_router_prefill_and_decode_series(server):
     assert headers["Content-Type"].startswith("application/openmetrics-text") and text.rstrip().endswith("# EOF")
     assert 'splitscope_pool_workers{pool="prefill"} 1.0' in text and 'splitscope_pool_workers{pool="decode"} 1.0' in text
     assert 'splitscope_requests_running{pool="decode",worker="decode-0"}' in text
-    assert 'splitscope_step_duration_seconds_count{pool="prefill",prefill_in_step="true"}' in text
-    assert 'splitscope_step_duration_seconds_count{pool="decode",prefill_in_step="false"}' in text
+    assert 'splitscope_step_duration_seconds_count{pool="prefill",prefill_in_step="true",worker="prefill-0"}' in text
+    assert 'splitscope_step_duration_seconds_count{pool="decode",prefill_in_step="false",worker="decode-0"}' in text
     ttft_buckets = [line for line in text.splitlines() if line.startswith("gen_ai_server_time_to_first_token_seconds_bucket")]
     assert any('# {trace_id="' in line for line in ttft_buckets)  # exemplars survive the merge
-    # Every family appears once: the merge joined the processes' families by name.
+    # Every family appears once: the join wrote each family's metadata once.
     type_lines = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
     assert len(type_lines) == len(set(type_lines))
     # The main port serves the same merged exposition in Prometheus text format.
     code, body, headers = http("GET", server.url + "/metrics")
     assert code == 200 and headers["Content-Type"].startswith("text/plain")
-    assert 'splitscope_stage_duration_seconds_count{pool="decode",stage="decode"}' in body.decode()
+    assert 'splitscope_stage_duration_seconds_count{pool="decode",stage="decode",worker="decode-0"}' in body.decode()
 
 
 def test_non_streaming_response_has_the_openai_shape(server):

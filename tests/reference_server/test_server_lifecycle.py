@@ -76,22 +76,24 @@ def test_a_dying_worker_fails_its_request_only_and_a_killed_launcher_takes_its_w
         server.close()
 
 
-def test_a_failed_kv_transfer_fails_that_request_and_frees_blocks_on_both_sides(tmp_path):
-    # 48 blocks of 16 tokens on each worker: one long-running request leaves the decode worker too little room.
-    server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "48")
+def test_a_refused_kv_transfer_is_a_retryable_503_and_frees_blocks_on_both_sides(tmp_path):
+    # 48 blocks of 16 tokens on each worker: one long-running request leaves the decode worker too little
+    # room; --kv-wait-s 0 refuses at once instead of waiting for room.
+    server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "48", "--kv-wait-s", "0")
     try:
-        hog = _open_stream(server, {"prompt": "a" * 300, "max_tokens": 400, "stream": True, "ignore_eos": True})
-        assert hog.status == 200 and hog.readline().startswith(b"data: {")  # decoding, holding 44 of 48 blocks
+        hog = _open_stream(server, {"prompt": "a" * 300, "max_tokens": 400, "stream": True, "ignore_eos": True,
+                                    "return_token_ids": True})  # fmt: skip
+        first_event = hog.readline()
+        assert hog.status == 200 and first_event.startswith(b"data: {")  # decoding, holding 44 of 48 blocks
 
-        status, raw, _ = server.complete({"prompt": "b" * 300, "max_tokens": 4})
-        assert status == 500
+        status, raw, headers = server.complete({"prompt": "b" * 300, "max_tokens": 4})
+        assert status == 503 and int(headers["Retry-After"]) >= 1
         error = json.loads(raw)["error"]
-        assert error["code"] == "kv_transfer" and "refused" in error["message"]
+        assert error["type"] == "server_overloaded" and "refused" in error["message"]
 
-        events = sse_events(hog.read())  # the other request was never disturbed
-        assert events[-1] == "[DONE]"
-        tokens_after_the_first = sum(1 for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"] is None)
-        assert tokens_after_the_first == 399
+        events = sse_events(first_event + hog.read())  # the other request was never disturbed
+        assert events[-1] == "[DONE]" and events[-2]["choices"][0]["finish_reason"] == "length"
+        assert len(streamed_token_ids(events)) == 400
 
         # Both sides got their blocks back: the same request now fits.
         status, raw, _ = server.complete({"prompt": "b" * 300, "max_tokens": 4})
@@ -102,5 +104,20 @@ def test_a_failed_kv_transfer_fails_that_request_and_frees_blocks_on_both_sides(
 
         span = wait_for(failed_transfer, 15, "the failed kv_transfer span")
         assert span.attributes["error.type"] == "refused" and span.attributes["splitscope.kv.dst"] == "decode-0"
+    finally:
+        server.close()
+
+
+def test_a_kv_transfer_short_of_room_waits_for_it_and_completes(tmp_path):
+    # The same squeeze with the default wait: the second request's transfer waits until the hog's blocks
+    # come back, then completes (the hog's 400 steps take well under the 60 s wait given here).
+    server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "48", "--kv-wait-s", "60")
+    try:
+        hog = _open_stream(server, {"prompt": "a" * 300, "max_tokens": 400, "stream": True, "ignore_eos": True})
+        assert hog.status == 200 and hog.readline().startswith(b"data: {")
+        status, raw, _ = server.complete({"prompt": "b" * 300, "max_tokens": 4, "ignore_eos": True})
+        assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 4
+        assert sse_events(hog.read())[-1] == "[DONE]"
+        assert not any(x.name == "splitscope.kv_transfer" and x.status_code == 2 for x in server.spans())
     finally:
         server.close()

@@ -1,15 +1,12 @@
-"""Router pieces without processes: routing choices, the metrics merge, request validation."""
+"""Router pieces without processes: routing choices, request validation (the /metrics join: test_metrics_join)."""
 
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from reference_server.metrics_proxy import StaticCollection, merge_families
-from reference_server.openai_api import ApiError, Limits, parse_completion
+from reference_server.openai_api import ApiError, Limits, parse_chat, parse_completion
 from reference_server.router import Endpoint, least_loaded, sticky
+from tracer.spans import OPERATION_CHAT
 
 
 def _pool(n: int) -> list[Endpoint]:
@@ -40,32 +37,6 @@ def test_sticky_routing_is_stable_and_moves_only_the_dead_workers_users():
     assert moved == {u for u in users if before[u] == "w2"}
 
 
-def _exposition(registry: CollectorRegistry) -> list:
-    return list(text_string_to_metric_families(openmetrics_latest(registry).decode()))
-
-
-def test_merge_sums_equal_series_across_processes_and_keeps_exemplars():
-    processes = []
-    for worker, tokens in (("w0", 5), ("w1", 7)):
-        registry = CollectorRegistry()
-        Counter("splitscope_tokens", "t", ["pool"], registry=registry).labels(pool="colocated").inc(tokens)
-        Gauge("splitscope_requests_running", "r", ["pool", "worker"], registry=registry).labels("colocated", worker).set(tokens)
-        histogram = Histogram("splitscope_step_duration_seconds", "s", ["pool"], buckets=(0.1, 1.0), registry=registry)
-        histogram.labels(pool="colocated").observe(0.05, {"trace_id": f"{tokens:032x}"})
-        processes.append(_exposition(registry))
-    merged = {family.name: family for family in merge_families(processes)}
-    samples = {(x.name, tuple(sorted(x.labels.items()))): x for f in merged.values() for x in f.samples}
-    assert samples[("splitscope_tokens_total", (("pool", "colocated"),))].value == 12
-    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w0")))].value == 5
-    assert samples[("splitscope_requests_running", (("pool", "colocated"), ("worker", "w1")))].value == 7
-    bucket = samples[("splitscope_step_duration_seconds_bucket", (("le", "0.1"), ("pool", "colocated")))]
-    assert bucket.value == 2 and bucket.exemplar is not None
-    assert samples[("splitscope_step_duration_seconds_count", (("pool", "colocated"),))].value == 2
-    # The merged families encode back into a valid exposition.
-    text = openmetrics_latest(StaticCollection(list(merged.values()))).decode()
-    assert 'splitscope_tokens_total{pool="colocated"} 12.0' in text and "# {trace_id=" in text
-
-
 LIMITS = Limits("tiny", max_context_tokens=1024, max_tokens=1023)
 
 
@@ -90,13 +61,76 @@ def test_parse_completion_reads_the_openai_fields():
         ({"model": "tiny", "prompt": "x", "max_tokens": True}, "max_tokens"),
         ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature"),
         ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
-        ({"model": "tiny", "prompt": "x", "stop": ["\n"]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": [""]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"model": "tiny", "prompt": "x", "stop": 7}, "stop"),
+        ({"model": "tiny", "prompt": "x", "top_p": 0}, "top_p"),
+        ({"model": "tiny", "prompt": "x", "top_p": 1.5}, "top_p"),
         ({"model": "tiny", "prompt": "x", "user": 5}, "user"),
+        # Sampling fields this server does not implement are refused, never silently ignored.
+        ({"model": "tiny", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "tiny", "prompt": "x", "frequency_penalty": -1}, "frequency_penalty"),
+        ({"model": "tiny", "prompt": "x", "logit_bias": {"65": 10}}, "logit_bias"),
+        ({"model": "tiny", "prompt": "x", "best_of": 2}, "best_of"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 1}, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "logprobs": 0}, "logprobs"),
+        ({"model": "tiny", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "tiny", "prompt": "x", "top_k": 5}, "top_k"),
     ],
 )
 def test_parse_completion_names_the_bad_field(body, param):
     with pytest.raises(ApiError) as caught:
         parse_completion(body, LIMITS)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted():
+    params = parse_completion({"model": "tiny", "prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
+                               "logit_bias": {}, "best_of": 1, "echo": False, "top_k": -1}, LIMITS)  # fmt: skip
+    assert params.top_p == 1.0 and params.stop == ()
+
+
+def test_parse_completion_reads_stop_and_top_p():
+    params = parse_completion({"model": "tiny", "prompt": "x", "stop": "\n\n", "top_p": 0.9}, LIMITS)
+    assert params.stop == ("\n\n",) and params.top_p == 0.9
+    assert parse_completion({"model": "tiny", "prompt": "x", "stop": ["a", "bc", "a"]}, LIMITS).stop == ("a", "bc")
+
+
+def test_an_unknown_model_is_404_model_not_found():
+    with pytest.raises(ApiError) as caught:
+        parse_completion({"model": "gpt-4", "prompt": "x"}, LIMITS)
+    assert caught.value.status == 404 and caught.value.code == "model_not_found" and "gpt-4" in caught.value.message
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, LIMITS)
+    assert caught.value.status == 404
+
+
+def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+    params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
+                         "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
+    assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
+    assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == OPERATION_CHAT
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
+    ],
+)
+def test_parse_chat_names_the_bad_field(body, param):
+    with pytest.raises(ApiError) as caught:
+        parse_chat({"model": "tiny", **body}, LIMITS)
     assert caught.value.status == 400 and caught.value.param == param
 
 
@@ -110,6 +144,8 @@ def test_parse_completion_names_the_bad_field(body, param):
         (["--mode", "chunked", "--chunk-budget", "8"], "--chunk-budget"),
         (["--block-size", "7"], "--block-size"),
         (["--device", "tpu"], "--device"),
+        (["--slo-ttft", "0"], "--slo-ttft"),
+        (["--step-sample", "0"], "--step-sample"),
     ],
 )
 def test_serve_refuses_bad_flags_with_one_clear_line(args, message):

@@ -415,6 +415,32 @@ def test_a_receiver_that_stops_reading_times_out_the_sender(senders) -> None:
     assert caught.value.reason == "timeout"
 
 
+def test_cancel_cuts_a_transfer_mid_payload_and_refuses_one_not_yet_started(receivers, senders) -> None:
+    side = receivers(make_pool(fill=0.0))
+    header = valid_header(n_blocks=2, n_streams=1, stream=0, positions=(0, 1))
+    with socket.create_connection(side.address, timeout=WAIT_S) as sock:
+        sock.sendall(encode_frame(header))
+        assert read_frame(sock)["type"] == "ready"
+        sock.sendall(b"\x01" * (header["block_bytes"] // 2))  # mid-payload: the blocks are being written
+        assert side.receiver.cancel("raw-req")
+        assert side.outcomes.wait_failed("raw-req") == "aborted"
+        reply = read_frame(sock)  # the stream's blocked read was cut: it answers at once
+    assert reply["type"] == "error" and reply["reason"] == "aborted"
+    assert side.allocator.wait_all_free() and side.allocator.double_frees == []
+    assert side.receiver.inflight_transfers == 0
+
+    # A request aborted before its KV came: the transfer is refused at its header, nothing written.
+    assert not side.receiver.cancel("gone")
+    before = side.pool.clone()
+    with pytest.raises(KVTransferError) as caught:
+        senders(streams=2).send("gone", make_pool(), [1, 2, 3], side.address)
+    assert caught.value.reason == "aborted"
+    assert same_bits(side.pool, before) and side.allocator.wait_all_free()
+    # Another request is untouched.
+    senders(streams=2).send("kept", make_pool(fill=3.0), [1, 2], side.address)
+    assert len(side.outcomes.wait_completed("kept")[0]) == 2
+
+
 def test_bad_later_stream_fails_transfer_and_frees_blocks_once_writer_stops(receivers) -> None:
     side = receivers(make_pool(fill=0.0))
     first = valid_header(n_blocks=2, n_streams=2, stream=0, positions=(0,))

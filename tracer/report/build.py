@@ -21,8 +21,9 @@ from tracer.report.decide import Decision, candidate_layouts, combine_windows, d
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.load import RequestTable, TraceData, load_traces
+from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
+from tracer.vocabulary import Verdict
 
 # Stated as assumptions whenever they are used.
 DEFAULT_LINK_GBPS = 100.0
@@ -195,34 +196,98 @@ def build_report(paths: Sequence[str | os.PathLike[str]], options: ReportOptions
     return report_from_data(data, options)
 
 
+@dataclass
+class _Findings:
+    """What the traces say before any layout is simulated: the fields every Report carries."""
+
+    data: TraceData
+    options: ReportOptions
+    requests: RequestTable
+    current: Layout | None
+    step_fit: StepFit | None
+    prefill_fit: PrefillFit | None
+    transfer_fit: TransferFit | None
+    transfer: TransferCosts
+    gpus: int
+    fits: dict[str, Any]
+    measured: Measured | None
+    read: dict[str, Any]
+    evidence: list[str] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # why no decision can be made at all
+
+    def report(self, verdict: str, reasons: Sequence[str] = (), **fields: Any) -> Report:
+        """The Report: these findings plus the decision's own fields (keywords of Report)."""
+        values: dict[str, Any] = dict(
+            ratio=None, from_ratio=None, chunk_budget_tokens=None, recommended=None, goodput=[], network={},
+            windows=[],
+        )  # fmt: skip
+        values.update(fields)
+        return Report(
+            verdict=verdict, current=self.current, slo=self.options.slo, margin=self.options.margin, fits=self.fits,
+            evidence=self.evidence + list(reasons), assumptions=self.assumptions, measured=self.measured,
+            read=self.read, data=self.data, step_fit=self.step_fit, **values,
+        )  # fmt: skip
+
+
 def report_from_data(data: TraceData, options: ReportOptions) -> Report:
+    """Decide from loaded traces: fit, simulate every candidate layout per window, check the model on the
+    current layout, and say how sure the verdict is. Blocking, CPU only."""
+    found = _findings(data, options)
+    current, step_fit = found.current, found.step_fit
+    if found.missing or step_fit is None or current is None:
+        return found.report(Verdict.INSUFFICIENT_DATA, found.missing)
+    slo, requests = options.slo, found.requests
+    frontend_s = _frontend_s(requests)
+    if frontend_s > 0:
+        found.evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
+    costs = Costs(step_fit.costs, found.transfer, frontend_s)
+    params = EngineParams(max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step)
+    window_results, largest = _judge_windows(found, costs, params)
+    final = combine_windows(current, [w.decision for w in window_results])
+    with_options = [w for w in window_results if w.options]
+    goodput = _mean_options(with_options) if with_options else []
+    network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
+    found.evidence += _evidence(found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final,
+                                window_results)  # fmt: skip
+    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
+    if check:
+        found.evidence.append(_model_check_line(check, slo))
+    decided = dict(goodput=goodput, network=network, windows=window_results)
+    if final.verdict == Verdict.INSUFFICIENT_DATA:
+        return found.report(Verdict.INSUFFICIENT_DATA, final.reasons, **decided)
+    failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)
+    if failed_check:
+        guess = _headline_of(final)
+        reasons = failed_check + [f"unconfirmed best guess (not a recommendation while the model misses): {guess}"]
+        return found.report(Verdict.INSUFFICIENT_DATA, reasons, model_check=check, unconfirmed=guess, **decided)
+    confidence = None
+    if options.confidence_resamples and largest is not None:
+        confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
+                               options.confidence_resamples, options.seed, min(options.sim_requests, RERUN_REQUESTS),
+                               min(options.sim_duration_s, RERUN_DURATION_S), RERUN_SAMPLE_REQUESTS)  # fmt: skip
+        found.evidence.append(_confidence_line(confidence))
+    return found.report(
+        final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
+        recommended=final.recommended, win_margin=final.win_margin, model_check=check,
+        confidence=confidence.share if confidence else None, confidence_resamples=confidence.resamples if confidence else 0,
+        **decided,
+    )  # fmt: skip
+
+
+def _findings(data: TraceData, options: ReportOptions) -> _Findings:
+    """Fits, measurements and assumptions from the traces; `missing` says what rules a decision out."""
     slo = options.slo
-    assumptions: list[str] = []
-    evidence: list[str] = list(options.extra_evidence)
     requests = data.requests
     current = current_layout(data)
     missing: list[str] = []
+    assumptions: list[str] = []
     if len(requests) < options.min_requests:
         missing.append(f"{len(requests)} requests with a root `text_completion` span; need at least {options.min_requests}")
     if current is None:
         missing.append("no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown")
-
     prefill_fit = fit_prefill(requests)
-    step_fit: StepFit | None = None
-    if len(data.steps) >= options.min_steps:
-        step_fit = fit_steps(data.steps)
-    else:
-        step_fit = estimate_steps(requests) if len(requests) else None
-        if step_fit is None:
-            missing.append(
-                f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
-            )
-        else:
-            assumptions.append(
-                f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
-                "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
-                "that ran on the same worker in its decode window)"
-            )
+    step_fit = _step_costs(data, options, missing, assumptions)
     requests, estimated_itl = _with_estimated_gaps(requests, slo)
     if estimated_itl:
         assumptions.append(
@@ -246,7 +311,6 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
                        "not modelled")
     assumptions.append(f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
                        "(the first waiting prompt always joins)")
-    measured = measure(requests, slo) if len(requests) else None
     read = {
         "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
         "skipped_spans": data.skipped_spans, "requests": len(requests), "steps": len(data.steps), "transfers": len(data.transfers),
@@ -254,27 +318,44 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     if data.read.skipped_lines or data.skipped_spans:
         first = data.read.first_error or data.first_skip
         assumptions.append(f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})")
-    fits = _fits_dict(step_fit, prefill_fit, transfer_fit, transfer)
+    return _Findings(
+        data, options, requests, current, step_fit, prefill_fit, transfer_fit, transfer, gpus,
+        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measure(requests, slo) if len(requests) else None,
+        read, list(options.extra_evidence), assumptions, missing,
+    )  # fmt: skip
 
-    if missing or step_fit is None or current is None:
-        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, [], fits, evidence + missing,
-                      assumptions, measured, {}, [], read, data=data, step_fit=step_fit)
 
-    frontend_s = _frontend_s(requests)
-    if frontend_s > 0:
-        evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
-    costs = Costs(step_fit.costs, transfer, frontend_s)
-    params = EngineParams(max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step)
-    budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
-    layouts = candidate_layouts(gpus, budgets)
+def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str]) -> StepFit | None:
+    """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
+    if len(data.steps) >= options.min_steps:
+        return fit_steps(data.steps)
+    step_fit = estimate_steps(data.requests) if len(data.requests) else None
+    if step_fit is None:
+        missing.append(
+            f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
+        )
+    else:
+        assumptions.append(
+            f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
+            "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
+            "that ran on the same worker in its decode window)"
+        )
+    return step_fit
+
+
+def _judge_windows(found: _Findings, costs: Costs, params: EngineParams
+                   ) -> tuple[list[WindowResult], tuple[int, list[GoodputResult], Workload] | None]:  # fmt: skip
+    """Every window's decision over the candidate layouts, and the largest window's goodput results."""
+    options, requests, data, current = found.options, found.requests, found.data, found.current
+    assert found.step_fit is not None and current is not None
+    budgets = options.chunk_budgets_tokens or _budgets(found.step_fit, options.slo, requests, data)
+    layouts = candidate_layouts(found.gpus, budgets)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
-    windows = _windows(data, options)
     window_results: list[WindowResult] = []
     largest: tuple[int, list[GoodputResult], Workload] | None = None  # the window with the most requests
-    for start_ns, end_ns in windows:
-        in_window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns)
-        selected = requests.select(in_window)
+    for start_ns, end_ns in _windows(data, options):
+        selected = requests.select((requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns))
         bounds = ((start_ns - data.start_ns) / 1e9, (end_ns - data.start_ns) / 1e9)
         if len(selected) < options.min_requests:
             decision = insufficient([f"window {bounds[0]:.0f}-{bounds[1]:.0f} s: {len(selected)} requests (need {options.min_requests})"])
@@ -282,56 +363,33 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
             continue
         observed = _workload(selected)
         sample = observed.resample(max(options.sim_requests, options.sim_max_requests), options.seed)
-        start_rate = max(observed.rate_per_s, 1e-3)
         results = [
-            search_goodput(layout, sample, costs, slo, start_rate_per_s=start_rate, min_requests=options.sim_requests,
-                           duration_s=options.sim_duration_s, params=params)
+            search_goodput(layout, sample, costs, options.slo, start_rate_per_s=max(observed.rate_per_s, 1e-3),
+                           min_requests=options.sim_requests, duration_s=options.sim_duration_s, params=params)
             for layout in layouts
-        ]
+        ]  # fmt: skip
         decision = decide(current, results, options.margin)
         if largest is None or len(selected) > largest[0]:
             largest = (len(selected), results, observed)
         window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
-    final = combine_windows(current, [w.decision for w in window_results])
-    with_options = [w for w in window_results if w.options]
-    goodput = _mean_options(with_options) if with_options else []
-    network = _network(measured, transfer, transfer_fit, final, goodput)
-    evidence += _evidence(measured, step_fit, prefill_fit, transfer_fit, network, current, final, window_results)
-    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
-    if check:
-        evidence.append(
-            f"model check on the current layout (pass: {selfcheck.describe_tolerance()}): TTFT p50/p90 predicted "
-            f"{check['predicted_ttft_p50_s']:.3g}/{check['predicted_ttft_p90_s']:.3g} s vs measured "
-            f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
-            f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
-            f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
-        )
-    if final.verdict == "insufficient-data":
-        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + final.reasons,
-                      assumptions, measured, network, window_results, read, data=data, step_fit=step_fit)
-    failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)
-    if failed_check:
-        guess = _headline_of(final)
-        reasons = failed_check + [f"unconfirmed best guess (not a recommendation while the model misses): {guess}"]
-        return Report("insufficient-data", None, None, None, current, None, slo, options.margin, goodput, fits, evidence + reasons,
-                      assumptions, measured, network, window_results, read, model_check=check, data=data, step_fit=step_fit,
-                      unconfirmed=guess)
-    confidence = None
-    if options.confidence_resamples and largest is not None:
-        confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
-                               options.confidence_resamples, options.seed, min(options.sim_requests, RERUN_REQUESTS),
-                               min(options.sim_duration_s, RERUN_DURATION_S), RERUN_SAMPLE_REQUESTS)
-        said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
-        evidence.append(
-            f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
-            f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
-        )
-    return Report(
-        verdict=final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
-        current=current, recommended=final.recommended, slo=slo, margin=options.margin, goodput=goodput, fits=fits,
-        evidence=evidence, assumptions=assumptions, measured=measured, network=network, windows=window_results, read=read,
-        win_margin=final.win_margin, model_check=check, data=data, step_fit=step_fit,
-        confidence=confidence.share if confidence else None, confidence_resamples=confidence.resamples if confidence else 0,
+    return window_results, largest
+
+
+def _model_check_line(check: dict[str, float], slo: SLO) -> str:
+    return (
+        f"model check on the current layout (pass: {selfcheck.describe_tolerance()}): TTFT p50/p90 predicted "
+        f"{check['predicted_ttft_p50_s']:.3g}/{check['predicted_ttft_p90_s']:.3g} s vs measured "
+        f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
+        f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
+        f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
+    )
+
+
+def _confidence_line(confidence: Any) -> str:
+    said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
+    return (
+        f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
+        f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
     )
 
 
@@ -365,8 +423,8 @@ def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceDat
     steps = data.steps
     if len(steps) and np.any(steps.decode_requests > 0):
         decoding = steps.decode_requests > 0
-        batch = int(np.ceil(np.mean(steps.decode_requests[decoding])))
-        context = int(np.mean(steps.context_tokens[decoding]))
+        batch = int(np.ceil(np.average(steps.decode_requests[decoding], weights=steps.weight[decoding])))
+        context = int(np.average(steps.context_tokens[decoding], weights=steps.weight[decoding]))
     else:
         batch = 8
         context = int(batch * np.mean(requests.input_tokens + requests.output_tokens / 2)) if len(requests) else 0

@@ -12,6 +12,10 @@ Per span:
   unless SGLang's /metrics is scraped (`sglang_span_metrics` off);
 - anything else: exported unchanged, no metrics.
 
+The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to the request-level
+interference classifier (overlap.py): noted while a batch is adapted, classified once per drain (and
+when the queue is idle), on this thread.
+
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
 drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
 the SDK's BatchSpanProcessor behind a `tracer.local_sink.LocalSink` per resource. Runs on one daemon thread;
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
@@ -31,7 +35,9 @@ from tracer import spans as s
 from tracer.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.overlap import OverlapClassifier
 from tracer.sidecar.sglang import SglangAdapter
+from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
 
@@ -42,7 +48,7 @@ LINE_MAX_SPANS = 4096
 
 
 def is_ours(span: s.SpanData) -> bool:
-    return span.name.startswith("splitscope.") or span.name.startswith(s.ROOT_SPAN_PREFIX + " ")
+    return span.name.startswith("splitscope.") or span.name.startswith(tuple(prefix + " " for prefix in s.ROOT_SPAN_PREFIXES))
 
 
 class SpanExport:
@@ -60,6 +66,8 @@ class SpanExport:
         sglang: SglangAdapter | None = None,
         sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
+        tail_sampler: TailSampler | None = None,
+        overlap: OverlapClassifier | None = None,
     ) -> None:
         self.queue = queue
         self.metrics = metrics
@@ -70,6 +78,8 @@ class SpanExport:
         self.sglang = sglang
         self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
+        self.tail_sampler = tail_sampler  # between metering and export: metrics see every span
+        self.overlap = overlap
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
         self._sinks: dict[tuple, LocalSink] = {}
@@ -91,7 +101,9 @@ class SpanExport:
         """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
         batches = self.queue.take(timeout_s)
         if not batches:
-            return 0
+            self._classify_overlap()  # a quiet engine's last requests are classified too
+            # and a quiet engine's last traces are decided
+            return self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
             try:
@@ -99,16 +111,32 @@ class SpanExport:
             except Exception:  # one bad batch must not stop the sidecar
                 log.exception("splitscope sidecar: failed to process a batch of %d spans", len(batch.spans))
                 self._error("sidecar_export_failed", len(batch.spans))
+        if self.tail_sampler is None:
+            exported = self._export_all(by_resource.items())
+        else:
+            released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+            exported = self._export_all(released + self.tail_sampler.expire())
+        self._classify_overlap()
+        return exported
+
+    def _export_all(self, groups: Iterable[tuple[tuple, list[s.SpanData]]]) -> int:
         exported = 0
-        for resource, spans in by_resource.items():
+        for resource, spans in groups:
             if spans:
                 exported += self._export(resource, spans)
         self.exported_spans += exported
         return exported
 
+    def _classify_overlap(self) -> None:
+        if self.overlap is not None:
+            try:
+                self.overlap.advance()
+            except Exception:  # metering must not stop the export
+                log.exception("splitscope sidecar: request-level interference classification failed")
+
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        vllm, sglang = self.vllm, self.sglang
+        vllm, sglang, overlap = self.vllm, self.sglang, self.overlap
         out = []
         metered = []
         resource: dict | None = None
@@ -117,6 +145,9 @@ class SpanExport:
                 out.append(span)
                 stages = vllm.stage_spans(span)
                 out.extend(stages)
+                if overlap is not None:
+                    for stage in stages:
+                        overlap.add(stage)
                 if self.vllm_span_metrics:
                     metered.extend(stages)
                     if resource is None:
@@ -128,6 +159,8 @@ class SpanExport:
                 stage = vllm.lifecycle_stage(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.vllm_span_metrics:
                         metered.append(stage)
                 continue
@@ -136,6 +169,8 @@ class SpanExport:
                 stage = sglang.stage_span(span)
                 if stage is not None:
                     out.append(stage)
+                    if overlap is not None:
+                        overlap.add(stage)
                     if self.sglang_span_metrics:
                         metered.append(stage)
                 continue
@@ -182,6 +217,8 @@ class SpanExport:
             self._thread.join(timeout_s)
         while self.drain_once(0.0):
             pass
+        if self.tail_sampler is not None:
+            self._export_all(self.tail_sampler.flush())
         for processor in self.processors:
             processor.force_flush(int(timeout_s * 1000))
             processor.shutdown()

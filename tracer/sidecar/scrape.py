@@ -187,6 +187,19 @@ def _le(value: str, scale: float = 1.0) -> str:
     return "+Inf" if math.isinf(bound) else repr(float(f"{bound * scale:.12g}"))
 
 
+_SLO_EDGE_WARNED: set[str] = set()
+
+
+def warn_missing_slo_edges(engine: str, families: list[Metric]) -> None:
+    """Log once per layout when an engine's TTFT/ITL buckets lack the SLO edge the burn rules count at."""
+    from tracer.alerts.buckets import missing_slo_edges  # the SLOs live with the alert rules (alerts/settings.py)
+
+    for warning in missing_slo_edges(families):
+        if warning not in _SLO_EDGE_WARNED:
+            _SLO_EDGE_WARNED.add(warning)
+            log.warning("splitscope sidecar: %s engine: %s", engine, warning)
+
+
 class EngineScraper:
     """Collector for one engine endpoint. `collect` runs on whatever thread renders /metrics (blocking
     up to `timeout_s`); it records whether that scrape worked (`up`) and how long it took
@@ -220,6 +233,7 @@ class EngineScraper:
             log.warning("splitscope sidecar: %s scrape of %s recovered", self.engine, self.url)
         self.last_error = ""
         self.up = True
+        warn_missing_slo_edges(self.engine, families)
         return iter(families)
 
 

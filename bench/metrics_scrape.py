@@ -1,0 +1,162 @@
+"""Does scraping /metrics slow what it observes? TTFT and client-seen gaps with and without a scraper.
+
+One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) serves the same open-loop
+workload from `tracer.load` in alternating rounds: unscraped, then scraped 3 times a second on the router's
+/metrics (OpenMetrics, as Prometheus asks), and so on. Each condition pools the requests of its rounds;
+printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per condition, and their
+ratios (scraped / unscraped) from this one run. Alternating rounds on one server keeps slow drift of a
+shared machine out of the ratio.
+
+Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
+machine); `--quick` shortens it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from interference import free_port, start_server  # bench/interference.py: the same server start-up
+from tracer.load import LengthSpec, LoadConfig, run_load_sync
+
+OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def _scrape_loop(url: str, interval_s: float, stop: Any, results: Any) -> None:
+    """The scraper process: GET `url` every `interval_s` until `stop` is set; put (scrapes, bytes, seconds)."""
+    scrapes, size, seconds = 0, 0, []
+    next_at = time.monotonic()
+    while not stop.is_set():
+        started = time.monotonic()
+        request = urllib.request.Request(url, headers={"Accept": OPENMETRICS_ACCEPT})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            size += len(response.read())
+        seconds.append(time.monotonic() - started)
+        scrapes += 1
+        next_at += interval_s
+        stop.wait(max(0.0, next_at - time.monotonic()))
+    results.put((scrapes, size, seconds))
+
+
+class Scraper:
+    """Scrapes `url` every `interval_s` from a process of its own, as Prometheus would: a scraper thread in
+    this process would take the load generator's GIL and skew the client-side timings it measures."""
+
+    def __init__(self, url: str, interval_s: float) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._stop, self._results = context.Event(), context.Queue()
+        self._process = context.Process(target=_scrape_loop, args=(url, interval_s, self._stop, self._results),
+                                        name="bench-scraper", daemon=True)  # fmt: skip
+        self.scrapes, self.bytes, self.seconds = 0, 0, []
+        self.started = self.stopped = 0.0
+
+    def __enter__(self) -> Scraper:
+        self._process.start()
+        self.started = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.scrapes, self.bytes, self.seconds = self._results.get(timeout=30)
+        self.stopped = time.monotonic()
+        self._process.join(30)
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid` and its children (router and workers)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    total = 0
+    for each in pids:
+        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / ticks
+
+
+def pooled(results: list) -> tuple[float, float, int]:
+    """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
+    records = [r for result in results for r in result.records if r.status == "ok"]
+    ttft = np.asarray([r.ttft_s for r in records if r.ttft_s is not None])
+    gaps = np.asarray([g for r in records for g in (r.itl_s or ())])
+    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99)), len(records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=2.0, help="requests per second")
+    parser.add_argument("--round-s", type=float, default=15.0, help="seconds of load per round")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per condition")
+    parser.add_argument("--scrapes-per-s", type=float, default=3.0)
+    parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
+    args = parser.parse_args()
+    if args.quick:
+        args.round_s, args.rounds = 10.0, 2
+    port = free_port()
+    log_path = Path("/tmp") / f"bench-metrics-scrape-{port}.log"
+    server = start_server(args.preset, ["--mode", "colocated", "--workers", str(args.workers)], port, log_path)
+    url = f"http://127.0.0.1:{port}"
+    results: dict[str, list] = {"unscraped": [], "scraped": []}
+    scrapes = []
+    cpu_s = {"unscraped": 0.0, "scraped": 0.0}
+    try:
+        warm = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=5.0,
+                          prompt=LengthSpec(128), output=LengthSpec(64), seed=1, timeout_s=60)  # fmt: skip
+        run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
+        for index in range(args.rounds):
+            for condition in ("unscraped", "scraped"):
+                config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
+                                    prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index, timeout_s=60)  # fmt: skip
+                cpu_before = server_cpu_s(server.pid)
+                if condition == "scraped":
+                    with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:
+                        results[condition].append(run_load_sync(config))
+                    scrapes.append(scraper)
+                else:
+                    results[condition].append(run_load_sync(config))
+                cpu_s[condition] += server_cpu_s(server.pid) - cpu_before
+                print(f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    rows = {name: pooled(runs) for name, runs in results.items()}
+    total_scrapes = sum(s.scrapes for s in scrapes)
+    scrape_s = np.asarray([x for s in scrapes for x in s.seconds])
+    print()
+    print("| condition | requests ok | TTFT p90 ms | client gap p99 ms |")
+    print("|---|---|---|---|")
+    for name, (ttft_p90, gap_p99, ok) in rows.items():
+        print(f"| {name} | {ok} | {ttft_p90 * 1000:.1f} | {gap_p99 * 1000:.1f} |")
+    (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
+    print()
+    print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
+    # The same ratios round by round (each scraped round against the unscraped round just before it):
+    # their spread is the machine's noise.
+    paired = [(pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
+              for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
+    print("per round: TTFT p90 " + ", ".join(f"{t:.2f}" for t, _ in paired)
+          + "; gap p99 " + ", ".join(f"{g:.2f}" for _, g in paired))
+    extra_cpu_ms = (cpu_s["scraped"] - cpu_s["unscraped"]) * 1000 / max(total_scrapes, 1)
+    print(f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
+          f"{extra_cpu_ms:.1f} ms more per scrape")
+    scraping_s = sum(s.stopped - s.started for s in scrapes)
+    print(f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
+          f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
+          f"scrape time p50 {np.percentile(scrape_s, 50) * 1000:.1f} ms, p99 {np.percentile(scrape_s, 99) * 1000:.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
