@@ -328,6 +328,10 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
 def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str]) -> StepFit | None:
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
+        # Measured on the reference server (bench/verdict_ab.py): a fit on a light run's small batches
+        # under-priced steps at the batch cap, and the goodput predicted there was too high.
+        assumptions.append(f"step costs are fitted on decode batches of up to {int(data.steps.decode_requests.max())} requests; "
+                           "rates that need larger batches extrapolate the fit (linear in batch and context)")
         return fit_steps(data.steps)
     step_fit = estimate_steps(data.requests) if len(data.requests) else None
     if step_fit is None:
