@@ -34,7 +34,8 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence as SequenceOf
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ import torch
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, KVCachePool, OutOfBlocks, blocks_for_tokens
 from reference_server.model import SeqSlice, Transformer, multinomial_sample_one_no_sync, sample_no_sync
-from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, Sequence, SeqState, StepPlan
+from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, SeqState, Sequence, StepPlan
 from tracer import TraceContext
 from tracer import spans as s
 from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics

@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.prom import serving_registry
 from tracer.alerts.buckets import missing_slo_edges
 from tracer.alerts.cli import alerts_group
-from tests.prom import serving_registry
 from tracer.metrics import Catalogue
 from tracer.sidecar.scrape import map_families, warn_missing_slo_edges
 

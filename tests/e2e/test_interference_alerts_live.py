@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tracer.alerts.rules import render_rules_yaml
-from tracer.alerts.settings import DEFAULT_SETTINGS
 from reference_server.process import ServerProcess
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import PrometheusHandle, running_prometheus
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import DEFAULT_SETTINGS
 from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig
 
 PRESET = "small"

@@ -15,8 +15,8 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
-from tracer.metrics import Catalogue
 from tracer.local_sink import MetricsRecorder
+from tracer.metrics import Catalogue
 from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.traces import iter_spans
 

@@ -22,8 +22,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tracer.gpu import GpuSampler
-from tracer.metrics import Catalogue, serve_metrics
 from tracer.local_sink import MetricsRecorder
+from tracer.metrics import Catalogue, serve_metrics
 from tracer.otel import span_processors
 from tracer.sidecar.auth import token_for
 from tracer.sidecar.export import SpanExport
