@@ -451,17 +451,7 @@ class Engine:
             logits = self.model(self._slices(plan), self.kv_pool)
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
         except Exception as exc:
-            log.exception("engine step failed; failing its %d requests", len(plan.sequences))
-            with self._room:
-                ended = self.scheduler.on_step_failed(plan, "error")
-                self._room.notify_all()
-            events = []
-            for seq in ended:
-                t = tracked.pop(seq.seq_id, None)
-                if t is not None:
-                    self._record_spans_so_far(t, "engine_error")
-                    events.append((t.sink, (EVENT_ERROR, 500, "engine_error", f"{type(exc).__name__}: {exc}")))
-            self.deliver(events)
+            self._fail_step(plan, exc)
             return
         if self._anchor is not None:
             self._anchor()  # the device just went idle: a fresh anchor for CUDA-event timing
@@ -496,6 +486,20 @@ class Engine:
         if events:
             self.deliver(events)
         self._set_gauges()
+
+    def _fail_step(self, plan: StepPlan, exc: Exception) -> None:
+        """The model or the sampler raised: end every request of the step with a 500 and record its spans."""
+        log.exception("engine step failed; failing its %d requests", len(plan.sequences))
+        with self._room:
+            ended = self.scheduler.on_step_failed(plan, "error")
+            self._room.notify_all()
+        events: list[tuple[Sink, tuple]] = []
+        for seq in ended:
+            failed = self._tracked.pop(seq.seq_id, None)
+            if failed is not None:
+                self._record_spans_so_far(failed, "engine_error")
+                events.append((failed.sink, (EVENT_ERROR, 500, "engine_error", f"{type(exc).__name__}: {exc}")))
+        self.deliver(events)
 
     def _handoff(self, t: Tracked, first_token_id: int, handoff_wall_ns: int) -> None:
         if self.on_handoff is None:
