@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -369,13 +370,19 @@ def process_labels(worker: str | None = None) -> dict[str, str]:
     return labels
 
 
+class MetricSource(Protocol):
+    """What an exposition reads: a CollectorRegistry, or any object whose collect() yields metric families."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
 class LabelledCollection:
     """A registry's families with `labels` added to every sample that lacks them (read at scrape time).
 
     A series that already has one of the labels (e.g. `splitscope_requests_waiting{worker}`) keeps its own.
     """
 
-    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    def __init__(self, registry: MetricSource, labels: dict[str, str]) -> None:
         self._registry = registry
         self._labels = labels
 
@@ -390,7 +397,7 @@ class LabelledCollection:
             yield labelled
 
 
-def exposition(registry: CollectorRegistry, accept_header: str | None,
+def exposition(registry: MetricSource, accept_header: str | None,
                labels: dict[str, str] | None = None) -> tuple[bytes, str]:  # fmt: skip
     """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
 
