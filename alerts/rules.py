@@ -789,7 +789,7 @@ def render_rules(
         rules.append(rule)
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording rules of
     # the same evaluation. Across groups the order is unspecified and an alert would lag by an interval.
-    groups = [{"name": "splitscope", "rules": rules}]
+    groups: list[dict[str, Any]] = [{"name": "splitscope", "rules": rules}]
     for group in groups:
         for rule in group["rules"]:
             if "for" in rule:

@@ -126,7 +126,7 @@ class Engine:
         on_handoff: Callable[[Tracked, int, int], None] | None = None,
         kv_address: str = "",
         kv_wait_s: float = 5.0,
-        on_fatal: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str], object] | None = None,  # its return value is ignored
     ) -> None:
         if role not in POLICY_OF_ROLE:
             raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(POLICY_OF_ROLE)}")
@@ -516,10 +516,10 @@ class Engine:
         slices = []
         if plan.decodes:
             decode_tokens = torch.tensor([d.token_id for d in plan.decodes], dtype=torch.long).to(device, non_blocking=True)
-            slices = [SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.block_table) for i, d in enumerate(plan.decodes)]
+            slices = [SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.admitted_table) for i, d in enumerate(plan.decodes)]
         for chunk in plan.prefills:
             token_ids = torch.tensor(chunk.token_ids, dtype=torch.long).to(device, non_blocking=True)
-            slices.append(SeqSlice(token_ids, chunk.start, chunk.seq.block_table))
+            slices.append(SeqSlice(token_ids, chunk.start, chunk.seq.admitted_table))
         return slices
 
     def _sample(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:

@@ -19,6 +19,7 @@ from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -409,6 +410,6 @@ def exposition(registry: MetricSource, accept_header: str | None,
     return encoder(source), content_type
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
     """Serve /metrics on a daemon thread; returns (server, thread). Port 0 picks a free port."""
     return start_http_server(port, addr=host, registry=registry)
