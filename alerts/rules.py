@@ -829,7 +829,3 @@ def render_rules_yaml(
         width=1000,
     )
     return HEADER + body
-
-
-def alert_names(settings: AlertSettings = DEFAULT_SETTINGS) -> list[str]:
-    return [rule["alert"] for rule in _alerting_rules(settings)]

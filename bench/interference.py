@@ -30,7 +30,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig, run_load_sync
+from tracer.load import BurstSpec, ClientSLO, LengthSpec, LoadConfig, run_load_sync
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def run_mode(mode: str, layout: list[str], opts: argparse.Namespace, work_dir: P
             prompt=LengthSpec(opts.prompt_tokens),
             output=LengthSpec(opts.output_tokens),
             burst=BurstSpec(every_s=opts.burst_every, count=1, prompt_tokens=opts.long_prompt_tokens),
-            slo=SLO(ttft_s=opts.slo_ttft, itl_s=opts.slo_itl),
+            slo=ClientSLO(ttft_s=opts.slo_ttft, itl_s=opts.slo_itl),
             seed=opts.seed,
             timeout_s=120,
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import click
@@ -27,8 +27,15 @@ from rich.table import Table
 
 from reference_server.launch import ServeConfig
 from reference_server.process import ServerProcess
-from tracer.load import SLO as LoadSLO
-from tracer.load import BurstSpec, LengthSpec, LoadConfig, LoadResult, RunProgress, run_load_sync
+from tracer.load import (
+    BurstSpec,
+    ClientSLO,
+    LengthSpec,
+    LoadConfig,
+    LoadResult,
+    RunProgress,
+    run_load_sync,
+)
 from tracer.load.display import LiveView
 from tracer.report.build import Report, ReportOptions, build_report
 from tracer.report.render import headline, render
@@ -64,7 +71,7 @@ def _load_config(url: str, model: str, workload: Workload, slo: SLO) -> LoadConf
         prompt=LengthSpec(workload.prompt_tokens),
         output=LengthSpec(workload.output_tokens),
         burst=BurstSpec(workload.burst_every_s, workload.burst_count, workload.burst_prompt_tokens),
-        slo=LoadSLO(ttft_s=slo.ttft_s, itl_s=slo.itl_s),
+        slo=ClientSLO(ttft_s=slo.ttft_s, itl_s=slo.itl_s),
         seed=workload.seed,
         timeout_s=120.0,
     )
@@ -101,6 +108,15 @@ def run_layout(
     console.print(f"{name}: {result.summary.ok} ok / {result.summary.errors} errors; "
                   f"report: {layout_dir / 'report.html'}")  # fmt: skip
     return result, report
+
+
+def _sized_to(preset: str, workload: Workload) -> Workload:
+    """The workload with its long prompts cut to what the preset's context holds beside the output (the
+    server refuses a longer request, and the bursts are the point of the demo)."""
+    from reference_server.model import ModelArgs
+
+    longest = ModelArgs.from_name(preset).max_seq_len - workload.output_tokens
+    return replace(workload, burst_prompt_tokens=min(workload.burst_prompt_tokens, longest))
 
 
 def _kv_bytes_per_token(preset: str) -> int:
@@ -151,7 +167,7 @@ def demo_command(preset: str, out_dir: Path, duration_s: float, slo_ttft: float,
     run_dir = out_dir / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     slo = SLO(ttft_s=slo_ttft, itl_s=slo_itl)
-    workload = Workload(duration_s=duration_s, seed=seed)
+    workload = _sized_to(preset, Workload(duration_s=duration_s, seed=seed))
     results: dict[str, LoadResult] = {}
     reports: dict[str, Report] = {}
     for name in LAYOUTS:

@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from reference_server.ready_line import parse_ready_line
+from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 log = logging.getLogger("reference_server.launch")
@@ -54,6 +55,8 @@ class ServeConfig:
     max_batch: int = 16
     kv_blocks: int = 0
     kv_wait_s: float = 5.0
+    slo_ttft: float | None = None  # seconds; the router marks root spans that miss it
+    slo_itl: float | None = None  # seconds, on each request's p99 inter-token gap
     startup_timeout_s: float = 300.0
 
     def roles(self) -> list[tuple[str, str]]:
@@ -198,13 +201,15 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
     from reference_server.router import Endpoint, Router
     from tracer import start_tracing
     from tracer.gpu import GpuSampler
+    from tracer.slo_outcome import RequestSlo
 
     loop = asyncio.get_running_loop()
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket,
-                            registry=CollectorRegistry())  # the router serves /metrics on either path  # fmt: skip
+                            registry=CollectorRegistry(),  # the router serves /metrics on either path
+                            slo=RequestSlo(config.slo_ttft, config.slo_itl))  # fmt: skip
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
     click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
     workers = await start_workers(config)
@@ -289,7 +294,12 @@ def _url_host(host: str) -> str:
 @click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
 @click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
-@click.option("--step-sample", type=int, default=1, show_default=True, help="keep one step span in N")
+@click.option("--step-sample", type=click.IntRange(min=1), default=DEFAULT_DECODE_SAMPLE_EVERY, show_default=True,
+              help="export 1 in N decode-only step spans (weighted); steps with prefill tokens are all kept up to a budget")
+@click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="time-to-first-token objective (s): root spans get splitscope.slo.violated/.missed")
+@click.option("--slo-itl", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="inter-token objective on each request's p99 gap (s)")
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
 @click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
 @click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")

@@ -96,6 +96,11 @@ ENGINE_SCRAPE_DURATION = "splitscope_engine_scrape_duration_seconds"
 STEP_TOKENS = "splitscope_step_tokens"
 PREEMPTIONS = "splitscope_preemptions"
 REQUESTS_FINISHED = "splitscope_requests_finished"
+# The sidecar's local tail sampler (tracer/sidecar/tail_sampler.py): spans it kept or dropped on purpose
+# (not losses: splitscope_tracer_dropped_records counts those), and its decisions per trace.
+TAIL_SAMPLER_SPANS = "splitscope_tail_sampler_spans"
+TAIL_SAMPLER_TRACES = "splitscope_tail_sampler_traces"
+TAIL_DECISIONS = ("kept", "dropped")
 
 
 class Catalogue:
@@ -167,6 +172,12 @@ class Catalogue:
         self.requests_aborted = Counter(
             REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason",
             ["reason"], registry=r)
+        self.tail_sampler_spans = Counter(
+            TAIL_SAMPLER_SPANS, "Spans the sidecar's tail sampler exported or dropped, by decision", ["decision"],
+            registry=r)
+        self.tail_sampler_traces = Counter(
+            TAIL_SAMPLER_TRACES, "Traces the sidecar's tail sampler decided, by decision and what triggered it "
+            "(root, timeout, buffer_full)", ["decision", "trigger"], registry=r)
         self.tracer_pending = Gauge(
             "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
         self.step_tokens = Histogram(

@@ -35,6 +35,8 @@ from tracer.records import (
     StageRecord,
     StepRecord,
 )
+from tracer.slo_outcome import RequestSlo
+from tracer.step_sampling import StepSampler
 from tracer.timing import SOURCE_HOST, Clock, Interval, perf_counter_ns
 from tracer.vocabulary import DropReason
 
@@ -94,12 +96,18 @@ def decode_summary(
 class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
-    def __init__(self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1) -> None:
+    def __init__(
+        self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1,
+        step_sampler: StepSampler | None = None, slo: RequestSlo | None = None,
+    ) -> None:  # fmt: skip
+        """Step spans are kept by `step_sampler`, else a StepSampler keeping 1 in `step_sample_every`
+        decode-only steps and every prefill step up to its budget (1: every step). With `slo` (the
+        router's), root spans say whether the request met it (`splitscope.slo.violated` / `.missed`)."""
         self.clock = clock
         self.pool = pool
         self.worker = worker
-        self.step_sample_every = max(1, step_sample_every)
-        self._steps_seen = 0
+        self.step_sampler = step_sampler or StepSampler(decode_sample_every=max(1, step_sample_every))
+        self.slo = slo if slo is not None and slo.configured else None
         self._step_trace_id = s.new_trace_id()
         self._step_trace_started_ns = 0
 
@@ -134,7 +142,7 @@ class SpanBuilder:
         if interval.start_wall_ns - self._step_trace_started_ns > STEP_TRACE_WINDOW_NS:
             self._step_trace_id = s.new_trace_id()
             self._step_trace_started_ns = interval.start_wall_ns
-        self._steps_seen += 1
+        weight = self.step_sampler.keep(interval.start_wall_ns, record.prefill_tokens)
         span = s.SpanData(
             name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=self._step_trace_id, span_id=s.new_span_id(),
             parent_span_id=0, start_ns=interval.start_wall_ns, end_ns=interval.end_wall_ns,
@@ -142,9 +150,9 @@ class SpanBuilder:
                 s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: interval.source,
                 s.ATTR_STEP_DECODE_REQUESTS: record.decode_requests,
                 s.ATTR_STEP_PREFILL_TOKENS: record.prefill_tokens,
-                s.ATTR_STEP_CONTEXT_TOKENS: record.context_tokens,
+                s.ATTR_STEP_CONTEXT_TOKENS: record.context_tokens, s.ATTR_SAMPLE_WEIGHT: weight,
             },
-            sampled=(self._steps_seen - 1) % self.step_sample_every == 0,
+            sampled=weight > 0,  # not kept: metrics only
         )  # fmt: skip
         if record.prefill_attention_tokens2 >= 0:
             span.attributes[s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2] = record.prefill_attention_tokens2
@@ -164,6 +172,13 @@ class SpanBuilder:
             attrs[s.ATTR_ITL_P99_S] = quantile(gaps, 0.99)
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
             attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
+        if self.slo is not None:
+            missed = self.slo.missed(
+                attrs.get(s.ATTR_TTFT_S), max(0, interval.end_wall_ns - interval.start_wall_ns) / 1e9, attrs.get(s.ATTR_ITL_P99_S)
+            )  # fmt: skip
+            attrs[s.ATTR_SLO_VIOLATED] = bool(missed)
+            if missed:
+                attrs[s.ATTR_SLO_MISSED] = ",".join(missed)
         return s.SpanData(
             name=f"{record.operation} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
             span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,

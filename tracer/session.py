@@ -23,6 +23,7 @@ from tracer.api import NoopTracer, RecordingTracer, Tracer
 from tracer.pipeline import Pipeline, Sink, SpanBuilder
 from tracer.records import RecordRing
 from tracer.resource import default_service_name, resource_attributes
+from tracer.slo_outcome import RequestSlo
 from tracer.timing import default_clock
 from tracer.vocabulary import DropReason
 
@@ -80,6 +81,7 @@ def start_tracing(
     device: str = "cpu",
     service_name: str | None = None,
     step_sample_every: int = 1,
+    slo: RequestSlo | None = None,
     ring_capacity: int = 65536,
     sink: Sink | None = None,
     sidecar_socket: str | None = None,
@@ -92,7 +94,9 @@ def start_tracing(
     The resource's `service.name` is `service_name`, else `splitscope-{pool}` (`splitscope-router`), and
     OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES override it on both paths. `sidecar_socket` ships
     resolved spans to a sidecar over that Unix socket; `sink` replaces export altogether; `processors`
-    replaces the exporters from the environment (tests use an in-memory exporter). Metrics go to
+    replaces the exporters from the environment (tests use an in-memory exporter). `step_sample_every`:
+    1 in N decode-only step spans exported (tracer.step_sampling). `slo` (the router's) marks each root
+    span with the request's outcome against it. Metrics go to
     `catalogue` (built on `registry` when not given; on the local path one is always built). With
     `enabled=False` the session holds a NoopTracer and starts no thread.
     """
@@ -119,7 +123,7 @@ def start_tracing(
     ring = RecordRing(ring_capacity)
     pipeline = Pipeline(
         ring,
-        SpanBuilder(clock, pool, worker, step_sample_every),
+        SpanBuilder(clock, pool, worker, step_sample_every, slo=slo),
         sink,
         interval_s=interval_s,
         on_drop=dropped.add,

@@ -55,6 +55,13 @@ class Verdict(StrEnum):
     INSUFFICIENT_DATA = "insufficient-data"
 
 
+class SloObjective(StrEnum):
+    """The objectives `splitscope.slo.missed` names."""
+
+    TTFT = "ttft"  # time to first token
+    ITL = "itl"  # inter-token latency (the request's worst gap)
+
+
 class DropReason(StrEnum):
     """The `reason` label of `splitscope_tracer_dropped_records_total`: where the tracer lost records."""
 
@@ -132,6 +139,13 @@ ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"
 # counts (c + n)^2 - c^2 (a whole prompt of L tokens counts L^2), so a prompt's chunks add up to its
 # whole prefill's quadratic term. Optional: without it the report takes prefill_tokens^2.
 ATTR_STEP_PREFILL_ATTENTION_TOKENS2 = "splitscope.step.prefill_attention_tokens2"
+# On a step span: how many engine steps this exported span stands for (1, or N of a 1-in-N rule;
+# tracer.step_sampling). Readers weigh each step span by it; absent means 1.
+ATTR_SAMPLE_WEIGHT = "splitscope.sample.weight"
+# On the root span, when the deployment has latency objectives: whether the request missed one (bool),
+# and which (`SloObjective` values joined by ","; absent when none was missed).
+ATTR_SLO_VIOLATED = "splitscope.slo.violated"
+ATTR_SLO_MISSED = "splitscope.slo.missed"
 ATTR_ERROR_TYPE = "error.type"
 
 # Resource attributes (OpenTelemetry semantic conventions).

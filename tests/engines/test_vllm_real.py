@@ -39,6 +39,7 @@ from tracer.otel import to_readable_span
 from tracer.sidecar import vllm
 from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.traces import Span, iter_spans
+from tracer.vocabulary import Verdict
 
 MODEL = "tiny-llama"
 REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
@@ -46,7 +47,7 @@ VLLM_START_S = 300.0  # imports torch, builds the model, profiles memory: about 
 PANEL_WAIT_S = 60.0
 OVERLAP_HOLD_S = 5.0  # a finished decode waits this long for overlapping prefills (the default is 30 s)
 # The report's verdicts (DESIGN 7).
-VERDICTS = {"stay-colocated", "enable-chunked-prefill", "split", "rebalance", "merge", "insufficient-data"}
+VERDICTS = set(Verdict)
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pytest
 
 from reference_server.process import ServerProcess
 from tests.reference_server.server_harness import wait_for
-from tracer.load import SLO, LoadConfig, run_load_sync
+from tracer.load import ClientSLO, LoadConfig, run_load_sync
 from tracer.load.stats import meets_slo
 from tracer.traces import iter_spans
 
@@ -44,7 +44,7 @@ def test_replay_against_the_reference_server(server_and_traces, tmp_path):
     server, traces = server_and_traces
     replay = tmp_path / "replay.jsonl"
     replay.write_text("\n".join(json.dumps(line) for line in REPLAY) + "\n")
-    slo = SLO(ttft_s=0.5, itl_s=0.2)
+    slo = ClientSLO(ttft_s=0.5, itl_s=0.2)
     result = run_load_sync(LoadConfig(url=server.url, model="tiny", replay_path=str(replay), slo=slo, seed=1,
                                       shared_prefix_tokens=32))
 

@@ -9,7 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig, LoadResult, run_load_sync
+from tracer.load import (
+    BurstSpec,
+    ClientSLO,
+    LengthSpec,
+    LoadConfig,
+    LoadResult,
+    run_load_sync,
+)
 from tracer.load.client import OK, SKIPPED
 
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
@@ -30,7 +37,7 @@ def _by_trace_id(server) -> dict:  # type: ignore[no-untyped-def]
 def test_measurements_follow_the_server_timing_and_summary_recomputes_from_records(fake_server, tmp_path) -> None:
     rows = [[0.03 * i, 8 + i, 6, "slow" if i % 3 == 0 else f"s{i}"] for i in range(9)]
     config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows),
-                        slo=SLO(ttft_s=0.12, itl_s=0.05), seed=1)
+                        slo=ClientSLO(ttft_s=0.12, itl_s=0.05), seed=1)
     result = run_load_sync(config)
 
     for record in result.records:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tracer.load.client import BAD_EVENT, INFLIGHT_CAP, TIMEOUT, RequestRecord
-from tracer.load.config import SLO
+from tracer.load.config import ClientSLO
 from tracer.load.stats import Distribution, itl_p99_s, meets_slo, summarize
 
 
@@ -35,14 +35,14 @@ def test_slo_checks_ttft_itl_p99_and_tpot() -> None:
     fast = _record(0, ttft_s=0.1, itl_s=[0.01] * 10)
     spiky = _record(1, ttft_s=0.1, itl_s=[0.01] * 9 + [0.5])
     one_token = _record(2, ttft_s=0.1, itl_s=[])
-    slo = SLO(ttft_s=0.2, itl_s=0.1)
+    slo = ClientSLO(ttft_s=0.2, itl_s=0.1)
     assert itl_p99_s(spiky) == pytest.approx(float(np.percentile([0.01] * 9 + [0.5], 99)))
     assert meets_slo(fast, slo) and not meets_slo(spiky, slo)
     assert meets_slo(one_token, slo)  # no gaps: the ITL objective holds vacuously
-    assert not meets_slo(fast, SLO(ttft_s=0.05))
-    assert not meets_slo(fast, SLO(tpot_s=0.005)) and meets_slo(fast, SLO(tpot_s=0.02))
+    assert not meets_slo(fast, ClientSLO(ttft_s=0.05))
+    assert not meets_slo(fast, ClientSLO(tpot_s=0.005)) and meets_slo(fast, ClientSLO(tpot_s=0.02))
     fast.fail(TIMEOUT, "late")
-    assert not meets_slo(fast, SLO())
+    assert not meets_slo(fast, ClientSLO())
 
 
 def test_summary_counts_attainment_and_goodput() -> None:
@@ -51,7 +51,7 @@ def test_summary_counts_attainment_and_goodput() -> None:
     records[5] = RequestRecord(index=5, source="replay", session=None, scheduled_s=5.0, prompt_tokens=1,
                                requested_output_tokens=1)
     records[5].fail(INFLIGHT_CAP, "cap")
-    slo = SLO(ttft_s=0.125, itl_s=0.03)
+    slo = ClientSLO(ttft_s=0.125, itl_s=0.03)
     summary = summarize(records, slo, wall_s=8.0)
 
     assert (summary.scheduled, summary.sent, summary.ok, summary.errors, summary.skipped_inflight_cap) == (6, 5, 4, 1, 1)
@@ -66,4 +66,4 @@ def test_summary_counts_attainment_and_goodput() -> None:
     assert summary.latency["itl_s"] == Distribution.of([g for r in ok for g in r.itl_s])
     assert summary.latency["itl_p99_s"] == Distribution.of([itl_p99_s(r) for r in ok])
     assert summary.schedule_lag.max == pytest.approx(records[4].lag_s)
-    assert summarize([], SLO(), wall_s=0.0).goodput_rps is None
+    assert summarize([], ClientSLO(), wall_s=0.0).goodput_rps is None

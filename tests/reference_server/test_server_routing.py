@@ -144,6 +144,8 @@ def test_parse_chat_names_the_bad_field(body, param):
         (["--mode", "chunked", "--chunk-budget", "8"], "--chunk-budget"),
         (["--block-size", "7"], "--block-size"),
         (["--device", "tpu"], "--device"),
+        (["--slo-ttft", "0"], "--slo-ttft"),
+        (["--step-sample", "0"], "--step-sample"),
     ],
 )
 def test_serve_refuses_bad_flags_with_one_clear_line(args, message):

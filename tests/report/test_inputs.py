@@ -67,7 +67,7 @@ def test_transfers_without_their_size_still_count_in_ttft_but_not_in_the_link_fi
     import json
 
     from tracer import spans as s
-    from tracer.report.load import load_traces
+    from tracer.report.tables import load_traces
 
     sc = scenario("wrong-split", n_requests=60)
     full, sizeless = tmp_path / "full.jsonl", tmp_path / "sizeless.jsonl"

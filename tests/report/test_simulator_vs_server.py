@@ -24,7 +24,7 @@ from reference_server.process import ServerProcess
 from tracer.load import SLO as LoadSLO
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import ReportOptions, report_from_data
-from tracer.report.load import load_traces
+from tracer.report.tables import load_traces
 from tracer.report.simulate import SLO
 
 # Stated errors: TTFT median within 35%, median per-request worst gap within 35%. The model is a fit over

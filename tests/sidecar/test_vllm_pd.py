@@ -114,7 +114,7 @@ def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_
 
 def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):
     from tracer.otel import encode_line, make_resource, to_readable_span
-    from tracer.report.load import load_traces
+    from tracer.report.tables import load_traces
 
     p = _llm_request(0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046,
                      prompt=2000, completion=1, max_tokens=1)  # fmt: skip

@@ -12,7 +12,7 @@ from opentelemetry.trace import SpanKind
 
 from tests.sidecar.conftest import spans_when
 from tracer.report.build import ReportOptions, report_from_data
-from tracer.report.load import load_traces
+from tracer.report.tables import load_traces
 from tracer.report.simulate import SLO
 from tracer.sidecar import vllm
 

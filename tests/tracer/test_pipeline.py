@@ -10,7 +10,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+from prometheus_client.openmetrics.exposition import (
+    generate_latest as openmetrics_latest,
+)
 
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
@@ -18,7 +20,12 @@ from tracer.gpu import GpuSampler
 from tracer.local_sink import MetricsRecorder
 from tracer.metrics import Catalogue
 from tracer.otel import otlp_exporter_from_env, to_readable_span
+from tracer.pipeline import SpanBuilder
+from tracer.records import KIND_REQUEST, RequestRecord
+from tracer.slo_outcome import RequestSlo
+from tracer.timing import default_clock
 from tracer.traces import iter_spans
+from tracer.vocabulary import SloObjective
 
 MS = 1_000_000
 
@@ -142,7 +149,9 @@ def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
         worker.tracer.step(t, t + (80 if i % 2 else 20) * MS, 4, 2000 if i % 2 else 0, 1000)
     worker.shutdown(1.0)
     steps = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP]
-    assert len(steps) == 3
+    # Stratified: all 4 steps with prefill tokens (weight 1), 1 in 3 of the 5 decode-only ones (weight 3).
+    weights = sorted((span.attributes[s.ATTR_STEP_PREFILL_TOKENS] > 0, span.attributes[s.ATTR_SAMPLE_WEIGHT]) for span in steps)
+    assert weights == [(False, 3), (False, 3), (True, 1), (True, 1), (True, 1), (True, 1)]
     assert len({span.context.trace_id for span in steps}) == 1  # one trace per worker window
     with_prefill = {"pool": "colocated", "prefill_in_step": "true"}
     without = {"pool": "colocated", "prefill_in_step": "false"}
@@ -370,3 +379,28 @@ def test_a_raising_sink_loses_only_its_slice_and_counts_it_as_sink_error():
     dropped = session.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sink_error"})
     assert dropped == lost
     session.shutdown(1.0)
+
+
+@pytest.mark.parametrize(
+    "slo, ttft_ms, gap_ms, missed",
+    [(RequestSlo(0.1, 0.05), 120, 10, SloObjective.TTFT), (RequestSlo(0.1, 0.05), 50, 60, SloObjective.ITL),
+     (RequestSlo(0.1, 0.05), 150, 60, f"{SloObjective.TTFT},{SloObjective.ITL}"), (RequestSlo(0.1, 0.05), 50, 10, None), (RequestSlo(itl_s=0.05), 900, 10, None)],
+)  # fmt: skip
+def test_the_root_span_says_which_objective_the_request_missed(slo, ttft_ms, gap_ms, missed):
+    clock = default_clock("cpu")
+    builder = SpanBuilder(clock, None, None, slo=slo)
+    start = 1_000 * MS
+    first = start + ttft_ms * MS
+    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, start, first + 3 * gap_ms * MS, first, "m", "colocated",
+                           "r", 4, 4, array("d", [gap_ms / 1e3] * 3), "", "text_completion")  # fmt: skip
+    attrs = builder.request(record, clock.resolve(record.start, record.end, record.end)).attributes
+    assert attrs[s.ATTR_SLO_VIOLATED] is (missed is not None)
+    assert attrs.get(s.ATTR_SLO_MISSED) == missed
+
+
+def test_without_objectives_the_root_span_has_no_outcome():
+    clock = default_clock("cpu")
+    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, 0, 10 * MS, 5 * MS, "m", "colocated", "r", 1, 2,
+                           array("d", [0.005]), "", "text_completion")  # fmt: skip
+    attrs = SpanBuilder(clock, None, None).request(record, clock.resolve(0, 10 * MS, 10 * MS)).attributes
+    assert s.ATTR_SLO_VIOLATED not in attrs and s.ATTR_SLO_MISSED not in attrs

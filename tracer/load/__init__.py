@@ -5,13 +5,13 @@ Python API: `run_load(LoadConfig(...))` (async) or `run_load_sync(...)` -> `Load
 
 from __future__ import annotations
 
-from tracer.load.config import SLO, BurstSpec, ConfigError, LengthSpec, LoadConfig
+from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig
 from tracer.load.results import LoadResult
 from tracer.load.runner import RunProgress, run_load, run_load_sync
 from tracer.load.workload import ReplayError
 
 __all__ = [
-    "SLO",
+    "ClientSLO",
     "BurstSpec",
     "ConfigError",
     "LengthSpec",

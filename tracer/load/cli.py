@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from tracer.load.config import SLO, BurstSpec, ConfigError, LengthSpec, LoadConfig
+from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig
 from tracer.load.display import LiveView, summary_tables
 from tracer.load.results import LoadResult
 from tracer.load.runner import RunProgress, run_load
@@ -117,7 +117,7 @@ def load_command(url: str, model: str, rate_rps: float | None, duration_s: float
         prompt=LengthSpec(prompt_tokens, prompt_sigma, prompt_max_tokens),
         output=LengthSpec(output_tokens, output_sigma, output_max_tokens),
         burst=burst, sessions=sessions, shared_prefix_tokens=shared_prefix_tokens, replay_path=replay_path,
-        slo=SLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot), seed=seed, timeout_s=timeout_s,
+        slo=ClientSLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot), seed=seed, timeout_s=timeout_s,
         max_inflight=max_inflight, chars_per_token=chars_per_token,
     ).with_seed()
     try:

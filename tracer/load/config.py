@@ -77,7 +77,7 @@ class BurstSpec:
 
 
 @dataclass(frozen=True)
-class SLO:
+class ClientSLO:
     """Latency objectives in seconds; None means "not judged".
 
     `itl_s` applies to each request's p99 inter-token gap (the DESIGN's default ITL statistic).
@@ -114,7 +114,7 @@ class LoadConfig:
     sessions: int = 0
     shared_prefix_tokens: int = 0
     replay_path: str | None = None
-    slo: SLO = field(default_factory=SLO)
+    slo: ClientSLO = field(default_factory=ClientSLO)
     seed: int | None = None
     timeout_s: float = 120.0
     max_inflight: int = 512

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tracer.load.client import ERROR, ERROR_KINDS, OK, SKIPPED, RequestRecord
-from tracer.load.config import SLO
+from tracer.load.config import ClientSLO
 
 PERCENTILES = (50, 90, 99)
 
@@ -73,14 +73,14 @@ def itl_p99_s(record: RequestRecord) -> float | None:
     return float(np.percentile(record.itl_s, 99)) if record.itl_s else None
 
 
-def meets_slo(record: RequestRecord, slo: SLO) -> bool:
+def meets_slo(record: RequestRecord, slo: ClientSLO) -> bool:
     if record.status != OK:
         return False
     checks = ((record.ttft_s, slo.ttft_s), (itl_p99_s(record), slo.itl_s), (record.tpot_s, slo.tpot_s))
     return all(limit is None or value is None or value <= limit for value, limit in checks)
 
 
-def summarize(records: Sequence[RequestRecord], slo: SLO, wall_s: float) -> Summary:
+def summarize(records: Sequence[RequestRecord], slo: ClientSLO, wall_s: float) -> Summary:
     """The run's summary; `records` holds every scheduled request (sent or skipped)."""
     ok = [r for r in records if r.status == OK]
     sent = [r for r in records if r.sent_s is not None]

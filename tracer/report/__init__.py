@@ -1,4 +1,4 @@
-"""Split-decision report: load -> fit -> simulate -> decide -> render (DESIGN section 7).
+"""Split-decision report: traces -> tables -> fit -> simulate -> decide -> render (docs/architecture.md section 7).
 
 In-process use (e.g. `splitscope demo`):
 

@@ -21,7 +21,7 @@ from tracer.report.decide import Decision, candidate_layouts, combine_windows, d
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.load import RequestTable, TraceData, load_traces
+from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
 from tracer.vocabulary import Verdict
 
@@ -410,8 +410,8 @@ def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceDat
     steps = data.steps
     if len(steps) and np.any(steps.decode_requests > 0):
         decoding = steps.decode_requests > 0
-        batch = int(np.ceil(np.mean(steps.decode_requests[decoding])))
-        context = int(np.mean(steps.context_tokens[decoding]))
+        batch = int(np.ceil(np.average(steps.decode_requests[decoding], weights=steps.weight[decoding])))
+        context = int(np.average(steps.context_tokens[decoding], weights=steps.weight[decoding]))
     else:
         batch = 8
         context = int(batch * np.mean(requests.input_tokens + requests.output_tokens / 2)) if len(requests) else 0

@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 from tracer.report.goodput import GoodputResult
 from tracer.report.simulate import Layout
-
-VERDICTS = ("stay-colocated", "enable-chunked-prefill", "split", "rebalance", "merge", "insufficient-data")
-
+from tracer.vocabulary import Verdict
 
 @dataclass(frozen=True)
 class Decision:
@@ -55,83 +53,116 @@ def _gain(winner: float, other: float) -> float:
 
 def decide(current: Layout, results: list[GoodputResult], margin: float) -> Decision:
     """The verdict for one window. `results` must include the current layout's own goodput."""
-    by_label = {r.layout.label: r for r in results}
-    now = by_label[current.label]
-    singles = [r for r in results if r.layout.mode != "disaggregated"]
-    splits = [r for r in results if r.layout.mode == "disaggregated" and r.layout.gpus == current.gpus] or [
-        r for r in results if r.layout.mode == "disaggregated"
-    ]
-    colocated = next((r for r in singles if r.layout.mode == "colocated"), None)
-    chunked = _best([r for r in singles if r.layout.mode == "chunked"])
-    best_single, best_split = _best(singles), _best(splits)
-    fmt = lambda r: f"{r.layout.label}: {r.goodput_per_gpu:.3g} req/s/GPU"  # noqa: E731
     if all(r.goodput_per_gpu == 0 for r in results):
         reasons = ["no simulated layout meets both SLOs at the attainment target, even at a trickle of requests"]
         return _keep(current, reasons)
+    options = _Options.of(current, results)
+    if current.mode == "disaggregated":
+        return _from_split(current, options, margin)
+    return _from_single_pool(current, options, margin)
 
-    if current.mode != "disaggregated":
-        assert best_single is not None
-        if best_split is not None:
-            gain = _gain(best_split.goodput_per_gpu, best_single.goodput_per_gpu)
-            if gain >= margin:
-                reasons = [f"{fmt(best_split)} beats the best single pool ({fmt(best_single)}) by {_pct(gain)} (margin {_pct(margin)})"]
-                return Decision("split", best_split.layout, ratio=best_split.layout.ratio, changes_layout=True, reasons=reasons, win_margin=gain)
-            split_note = _short_of("the best split", best_split, "the best single pool", best_single, gain, margin)
-        else:
-            split_note = "one GPU: no split possible"
-        if chunked is not None and colocated is not None:
-            gain = _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu)
-            if current.mode == "colocated" and gain >= margin:
-                reasons = [f"{fmt(chunked)} beats {fmt(colocated)} by {_pct(gain)} (margin {_pct(margin)})", split_note]
-                return Decision("enable-chunked-prefill", chunked.layout, chunk_budget_tokens=chunked.layout.chunk_budget_tokens,
-                                changes_layout=True, reasons=reasons, win_margin=gain)
-            if current.mode == "chunked" and -gain < margin / (1 + margin):
-                budget_changes = chunked.layout.chunk_budget_tokens != current.chunk_budget_tokens and _gain(
-                    chunked.goodput_per_gpu, now.goodput_per_gpu) >= margin
-                layout = chunked.layout if budget_changes else current
-                reasons = [f"chunked prefill stays on ({fmt(by_label[layout.label])}; plain colocated {fmt(colocated)})", split_note]
-                return Decision("enable-chunked-prefill", layout, chunk_budget_tokens=layout.chunk_budget_tokens,
-                                changes_layout=budget_changes, reasons=reasons)
-        reasons = [split_note]
-        if chunked is not None and colocated is not None:
-            reasons.append(_short_of("chunked prefill at its best budget", chunked, "plain colocated", colocated,
-                                     _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu), margin))
-        return Decision("stay-colocated", colocated.layout if colocated else current, changes_layout=current.mode != "colocated", reasons=reasons)
 
+@dataclass(frozen=True)
+class _Options:
+    """The simulated options a decision weighs against the current layout's own result (`now`)."""
+
+    now: GoodputResult
+    colocated: GoodputResult | None
+    chunked: GoodputResult | None  # the best chunk budget
+    best_single: GoodputResult | None  # colocated or chunked, whichever serves more
+    best_split: GoodputResult | None  # among the splits of the current GPU count (any, if none has it)
+    by_label: dict[str, GoodputResult]
+
+    @classmethod
+    def of(cls, current: Layout, results: list[GoodputResult]) -> _Options:
+        by_label = {r.layout.label: r for r in results}
+        singles = [r for r in results if r.layout.mode != "disaggregated"]
+        splits = [r for r in results if r.layout.mode == "disaggregated" and r.layout.gpus == current.gpus] or [
+            r for r in results if r.layout.mode == "disaggregated"
+        ]
+        return cls(
+            by_label[current.label], next((r for r in singles if r.layout.mode == "colocated"), None),
+            _best([r for r in singles if r.layout.mode == "chunked"]), _best(singles), _best(splits), by_label,
+        )  # fmt: skip
+
+
+def _fmt(result: GoodputResult) -> str:
+    return f"{result.layout.label}: {result.goodput_per_gpu:.3g} req/s/GPU"
+
+
+def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
+    """Deployed colocated or chunked: split, turn chunked prefill on (or keep it), or stay colocated."""
+    assert o.best_single is not None
+    if o.best_split is not None:
+        gain = _gain(o.best_split.goodput_per_gpu, o.best_single.goodput_per_gpu)
+        if gain >= margin:
+            reasons = [f"{_fmt(o.best_split)} beats the best single pool ({_fmt(o.best_single)}) by {_pct(gain)} (margin {_pct(margin)})"]
+            return Decision(Verdict.SPLIT, o.best_split.layout, ratio=o.best_split.layout.ratio, changes_layout=True,
+                            reasons=reasons, win_margin=gain)  # fmt: skip
+        split_note = _short_of("the best split", o.best_split, "the best single pool", o.best_single, gain, margin)
+    else:
+        split_note = "one GPU: no split possible"
+    chunked, colocated = o.chunked, o.colocated
+    if chunked is not None and colocated is not None:
+        gain = _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu)
+        if current.mode == "colocated" and gain >= margin:
+            reasons = [f"{_fmt(chunked)} beats {_fmt(colocated)} by {_pct(gain)} (margin {_pct(margin)})", split_note]
+            return Decision(Verdict.ENABLE_CHUNKED_PREFILL, chunked.layout, chunk_budget_tokens=chunked.layout.chunk_budget_tokens,
+                            changes_layout=True, reasons=reasons, win_margin=gain)  # fmt: skip
+        # Deployed chunked: it stays on unless plain colocated beats it by the margin (the same rule as
+        # turning it on, from the other side); its budget changes only for a margin's gain over the deployed one.
+        if current.mode == "chunked" and _gain(colocated.goodput_per_gpu, chunked.goodput_per_gpu) < margin:
+            budget_changes = chunked.layout.chunk_budget_tokens != current.chunk_budget_tokens and _gain(
+                chunked.goodput_per_gpu, o.now.goodput_per_gpu) >= margin
+            layout = chunked.layout if budget_changes else current
+            reasons = [f"chunked prefill stays on ({_fmt(o.by_label[layout.label])}; plain colocated {_fmt(colocated)})", split_note]
+            return Decision(Verdict.ENABLE_CHUNKED_PREFILL, layout, chunk_budget_tokens=layout.chunk_budget_tokens,
+                            changes_layout=budget_changes, reasons=reasons)  # fmt: skip
+    reasons = [split_note]
+    if chunked is not None and colocated is not None:
+        reasons.append(_short_of("chunked prefill at its best budget", chunked, "plain colocated", colocated,
+                                 _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu), margin))  # fmt: skip
+    return Decision(Verdict.STAY_COLOCATED, colocated.layout if colocated else current,
+                    changes_layout=current.mode != "colocated", reasons=reasons)  # fmt: skip
+
+
+def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
+    """Deployed as a split: merge back, rebalance to a better ratio, or keep the split."""
+    best_split, best_single, now = o.best_split, o.best_single, o.now
     assert best_split is not None and best_single is not None
     gain = _gain(best_single.goodput_per_gpu, best_split.goodput_per_gpu)
     if gain >= margin:
         budget = best_single.layout.chunk_budget_tokens or None
-        reasons = [f"{fmt(best_single)} beats the best split ({fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"]
-        return Decision("merge", best_single.layout, chunk_budget_tokens=budget, from_ratio=current.ratio, changes_layout=True,
-                        reasons=reasons, win_margin=gain)
+        reasons = [f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"]
+        return Decision(Verdict.MERGE, best_single.layout, chunk_budget_tokens=budget, from_ratio=current.ratio,
+                        changes_layout=True, reasons=reasons, win_margin=gain)  # fmt: skip
     gain_ratio = _gain(best_split.goodput_per_gpu, now.goodput_per_gpu)
     if best_split.layout.ratio != current.ratio and gain_ratio >= margin:
-        reasons = [f"{fmt(best_split)} beats the deployed {fmt(now)} by {_pct(gain_ratio)} (margin {_pct(margin)})",
-                   f"best single pool {fmt(best_single)}"]
-        return Decision("rebalance", best_split.layout, ratio=best_split.layout.ratio, from_ratio=current.ratio, changes_layout=True,
-                        reasons=reasons, win_margin=gain_ratio)
+        reasons = [f"{_fmt(best_split)} beats the deployed {_fmt(now)} by {_pct(gain_ratio)} (margin {_pct(margin)})",
+                   f"best single pool {_fmt(best_single)}"]  # fmt: skip
+        return Decision(Verdict.REBALANCE, best_split.layout, ratio=best_split.layout.ratio, from_ratio=current.ratio,
+                        changes_layout=True, reasons=reasons, win_margin=gain_ratio)  # fmt: skip
     reasons = [_short_of("the best ratio", best_split, "the deployed split", now, gain_ratio, margin),
-               _short_of("the best single pool", best_single, "the best split", best_split, gain, margin)]
-    return Decision("split", current, ratio=current.ratio, changes_layout=False, reasons=reasons)
+               _short_of("the best single pool", best_single, "the best split", best_split, gain, margin)]  # fmt: skip
+    return Decision(Verdict.SPLIT, current, ratio=current.ratio, changes_layout=False, reasons=reasons)
 
 
 def _keep(current: Layout, reasons: list[str]) -> Decision:
     if current.mode == "disaggregated":
-        return Decision("split", current, ratio=current.ratio, reasons=reasons)
+        return Decision(Verdict.SPLIT, current, ratio=current.ratio, reasons=reasons)
     if current.mode == "chunked":
-        return Decision("enable-chunked-prefill", current, chunk_budget_tokens=current.chunk_budget_tokens, reasons=reasons)
-    return Decision("stay-colocated", current, reasons=reasons)
+        return Decision(Verdict.ENABLE_CHUNKED_PREFILL, current, chunk_budget_tokens=current.chunk_budget_tokens, reasons=reasons)
+    return Decision(Verdict.STAY_COLOCATED, current, reasons=reasons)
 
 
 def insufficient(missing: list[str]) -> Decision:
-    return Decision("insufficient-data", None, reasons=missing)
+    return Decision(Verdict.INSUFFICIENT_DATA, None, reasons=missing)
 
 
 def combine_windows(current: Layout, decisions: list[Decision]) -> Decision:
     """Hysteresis: change the layout only when a strict majority of the windows with data call for the same
     kind of change; the most common target (ratio or budget) among them is taken."""
-    with_data = [d for d in decisions if d.verdict != "insufficient-data"]
+    with_data = [d for d in decisions if d.verdict != Verdict.INSUFFICIENT_DATA]
     if not with_data:
         return insufficient(sorted({reason for d in decisions for reason in d.reasons}))
     if len(with_data) == 1:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracer.report.fit import PrefillFit, StepFit, fit_nonnegative
-from tracer.report.load import RequestTable
+from tracer.report.tables import RequestTable
 from tracer.report.simulate import StepCosts
 
 

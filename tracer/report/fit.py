@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tracer.report.load import RequestTable, StepTable, TransferTable
+from tracer.report.tables import RequestTable, StepTable, TransferTable
 from tracer.report.simulate import StepCosts
 
 _STEP_TERMS = ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2")
@@ -29,14 +29,19 @@ class LinearFit:
     samples: int
 
 
-def fit_nonnegative(features: np.ndarray, target: np.ndarray) -> LinearFit:
+def fit_nonnegative(features: np.ndarray, target: np.ndarray, weights: np.ndarray | None = None) -> LinearFit:
     """Least squares of `target` on the columns of `features`, dropping columns whose coefficient is negative
-    (refit until none is). Columns never seen non-zero are dropped up front (their coefficient is 0)."""
+    (refit until none is). Columns never seen non-zero are dropped up front (their coefficient is 0).
+
+    `weights` (one per row, e.g. how many steps a sampled span stands for) makes it weighted least squares,
+    which on a weighted sample estimates the unweighted fit on the whole population; `r2` is weighted too."""
     n, k = features.shape
+    w = np.ones(n) if weights is None else np.asarray(weights, dtype=float)
+    root_w = np.sqrt(w)
     active = [j for j in range(k) if np.any(features[:, j] != 0)]
     coefficients = np.zeros(k)
     while active:
-        solution, *_ = np.linalg.lstsq(features[:, active], target, rcond=None)
+        solution, *_ = np.linalg.lstsq(features[:, active] * root_w[:, None], target * root_w, rcond=None)
         negative = [active[i] for i, value in enumerate(solution) if value < 0]
         if not negative:
             coefficients[active] = solution
@@ -44,8 +49,8 @@ def fit_nonnegative(features: np.ndarray, target: np.ndarray) -> LinearFit:
         worst = active[int(np.argmin(solution))]
         active.remove(worst)
     predicted = features @ coefficients
-    residual = float(np.sum((target - predicted) ** 2))
-    total = float(np.sum((target - target.mean()) ** 2)) if n else 0.0
+    residual = float(np.sum(w * (target - predicted) ** 2))
+    total = float(np.sum(w * (target - np.average(target, weights=w)) ** 2)) if n else 0.0
     return LinearFit(coefficients, 1.0 - residual / total if total > 0 else 1.0, n)
 
 
@@ -67,6 +72,7 @@ class StepFit:
     design: np.ndarray | None = field(default=None, repr=False)
     target: np.ndarray | None = field(default=None, repr=False)
     terms: tuple[str, ...] = ()
+    weights: np.ndarray | None = field(default=None, repr=False)  # steps each row stands for; None: 1 each
 
     def resampled(self, rng: np.random.Generator) -> StepCosts:
         """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap)."""
@@ -74,7 +80,9 @@ class StepFit:
             return self.costs
         fitted = self.design @ np.array([getattr(self.costs, term) for term in self.terms])
         residuals = self.target - fitted
-        refit = fit_nonnegative(self.design, fitted + rng.choice(residuals, len(residuals)))
+        # A residual stands for as many steps as its row: draw it that much more often.
+        p = None if self.weights is None else self.weights / self.weights.sum()
+        refit = fit_nonnegative(self.design, fitted + rng.choice(residuals, len(residuals), p=p), self.weights)
         return replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
 
 
@@ -96,17 +104,37 @@ def cycle_times_s(steps: StepTable) -> np.ndarray:
         idle_s = until_next_s - steps.duration_s[index[:-1]]
         busy = (idle_s >= 0) & (idle_s <= BACK_TO_BACK_GAP_S)
         cycle[index[:-1][busy]] = until_next_s[busy]
+        if steps.sampled and busy.any():
+            # Sampled spans: most kept steps' successors were not exported, so their overhead is unseen.
+            # Charge them the median overhead of the back-to-back pairs that were both kept (consecutive
+            # prefill steps, a kept decode step next to one).
+            overhead_s = float(np.median(idle_s[busy]))
+            alone = np.ones(len(index), dtype=bool)
+            alone[:-1] = ~busy
+            alone[-1] = False  # the worker's last step: nothing followed it in the window either way
+            cycle[index[alone]] += overhead_s
     return cycle
 
 
-def _robust_sigma(values: np.ndarray) -> float:
-    """Standard deviation from the median absolute deviation: a few outlier steps (a collector pause, a
-    first-call warm-up) would otherwise widen the noise every simulated step gets."""
-    return float(1.4826 * np.median(np.abs(values - np.median(values))))
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    if np.all(weights == 1):
+        return float(np.median(values))
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+
+
+def _robust_sigma(values: np.ndarray, weights: np.ndarray) -> float:
+    """Standard deviation from the (weighted) median absolute deviation: a few outlier steps (a collector
+    pause, a first-call warm-up) would otherwise widen the noise every simulated step gets."""
+    return 1.4826 * _weighted_median(np.abs(values - _weighted_median(values, weights)), weights)
 
 
 def fit_steps(steps: StepTable) -> StepFit:
-    """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware)."""
+    """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware).
+
+    Each span weighs as many steps as it stands for (`StepTable.weight`): on sampled step spans the fit,
+    the interference factor and the noise estimate what every step would give."""
     p = steps.prefill_tokens.astype(float)
     # The quadratic term is the chunks' attention over their prompts (tokens^2); a step span without it
     # is taken to hold one whole prompt, whose attention is P^2.
@@ -115,7 +143,8 @@ def fit_steps(steps: StepTable) -> StepFit:
         [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, attention]
     )
     cycle_s = cycle_times_s(steps)
-    fit = fit_nonnegative(features, cycle_s)
+    weights = steps.weight.astype(float)
+    fit = fit_nonnegative(features, cycle_s, weights)
     costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
     mixed = (steps.prefill_tokens > 0) & (steps.decode_requests > 0)
     factor = None
@@ -125,12 +154,14 @@ def fit_steps(steps: StepTable) -> StepFit:
             + costs.context_s_per_token * steps.context_tokens[mixed]
             + costs.decode_s_per_request * steps.decode_requests[mixed]
         )
-        factor = float(np.mean(cycle_s[mixed] / np.maximum(decode_part, 1e-9)))
+        factor = float(np.average(cycle_s[mixed] / np.maximum(decode_part, 1e-9), weights=weights[mixed]))
     predicted = features @ np.asarray(fit.coefficients, dtype=float)
     usable = (predicted > 0) & (cycle_s > 0)
-    noise_sigma = _robust_sigma(np.log(cycle_s[usable] / predicted[usable])) if usable.sum() > 2 else 0.0
+    noise_sigma = (
+        _robust_sigma(np.log(cycle_s[usable] / predicted[usable]), weights[usable]) if usable.sum() > 2 else 0.0
+    )
     return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma,
-                   features, cycle_s, _STEP_TERMS)
+                   features, cycle_s, _STEP_TERMS, weights if steps.sampled else None)
 
 
 @dataclass(frozen=True)

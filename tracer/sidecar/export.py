@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
@@ -37,6 +37,7 @@ from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.overlap import OverlapClassifier
 from tracer.sidecar.sglang import SglangAdapter
+from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
 
@@ -65,6 +66,7 @@ class SpanExport:
         sglang: SglangAdapter | None = None,
         sglang_span_metrics: bool = True,
         on_error: Callable[[str, int], None] | None = None,
+        tail_sampler: TailSampler | None = None,
         overlap: OverlapClassifier | None = None,
     ) -> None:
         self.queue = queue
@@ -76,6 +78,7 @@ class SpanExport:
         self.sglang = sglang
         self.sglang_span_metrics = sglang_span_metrics
         self._on_error = on_error
+        self.tail_sampler = tail_sampler  # between metering and export: metrics see every span
         self.overlap = overlap
         self._encoder = LineEncoder()
         self._prefixes: dict[tuple, str] = {}
@@ -99,7 +102,8 @@ class SpanExport:
         batches = self.queue.take(timeout_s)
         if not batches:
             self._classify_overlap()  # a quiet engine's last requests are classified too
-            return 0
+            # and a quiet engine's last traces are decided
+            return self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
             try:
@@ -107,12 +111,20 @@ class SpanExport:
             except Exception:  # one bad batch must not stop the sidecar
                 log.exception("splitscope sidecar: failed to process a batch of %d spans", len(batch.spans))
                 self._error("sidecar_export_failed", len(batch.spans))
+        if self.tail_sampler is None:
+            exported = self._export_all(by_resource.items())
+        else:
+            released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+            exported = self._export_all(released + self.tail_sampler.expire())
+        self._classify_overlap()
+        return exported
+
+    def _export_all(self, groups: Iterable[tuple[tuple, list[s.SpanData]]]) -> int:
         exported = 0
-        for resource, spans in by_resource.items():
+        for resource, spans in groups:
             if spans:
                 exported += self._export(resource, spans)
         self.exported_spans += exported
-        self._classify_overlap()
         return exported
 
     def _classify_overlap(self) -> None:
@@ -205,6 +217,8 @@ class SpanExport:
             self._thread.join(timeout_s)
         while self.drain_once(0.0):
             pass
+        if self.tail_sampler is not None:
+            self._export_all(self.tail_sampler.flush())
         for processor in self.processors:
             processor.force_flush(int(timeout_s * 1000))
             processor.shutdown()

@@ -57,8 +57,17 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
               help="Seconds of the engine's timeline a finished decode waits for the prefills that overlapped it "
               "(request-level interference); later ones are counted as late.")
 @click.option("--no-gpu", is_flag=True, help="Do not sample GPUs through NVML.")
+@click.option("--sample-rate", type=click.FloatRange(0.0, 1.0), default=None,
+              help="Tail sampling: export this share of whole traces (by trace id); step spans pass (sampled at the source).")
+@click.option("--keep-violations", is_flag=True,
+              help="Tail sampling: export every trace whose root has splitscope.slo.violated or any error, whole.")
+@click.option("--decision-timeout", type=click.FloatRange(0.1, 600), default=30.0, show_default=True,
+              help="Seconds a trace waits for its root span before it is decided without it.")
+@click.option("--max-buffered-spans", type=click.IntRange(1), default=200_000, show_default=True,
+              help="Spans waiting for their trace's decision; past it the oldest trace is decided at once.")
 def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, traces_file, metrics_port, pool, worker,
-                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, overlap_hold, no_gpu) -> None:  # fmt: skip
+                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, overlap_hold, no_gpu, sample_rate,
+                    keep_violations, decision_timeout, max_buffered_spans) -> None:  # fmt: skip
     """Receive telemetry beside a serving engine (OTLP, vLLM spans, our workers' records) and emit splitscope's."""
     from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 
@@ -72,7 +81,8 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
         host=host, http_port=None if no_http else http_port, grpc_port=None if no_grpc else grpc_port,
         unix_socket=unix_socket, traces_file=traces_file, metrics_port=metrics_port, pool=pool, worker=worker,
         mode=mode, model=model, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
-        max_body_bytes=max_body_bytes, gpu=not no_gpu, overlap_hold_s=overlap_hold,
+        max_body_bytes=max_body_bytes, gpu=not no_gpu, overlap_hold_s=overlap_hold, sample_rate=sample_rate,
+        keep_violations=keep_violations, decision_timeout_s=decision_timeout, max_buffered_spans=max_buffered_spans,
     )  # fmt: skip
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -34,6 +34,7 @@ from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
 from tracer.sidecar.overlap import DEFAULT_HOLD_S, OverlapClassifier
 from tracer.sidecar.scrape import EngineScraper, merged_registry
 from tracer.sidecar.sglang import SglangAdapter
+from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
 from tracer.vocabulary import DropReason, Mode
@@ -75,6 +76,11 @@ class SidecarConfig:
     environ: dict[str, str] | None = None  # OTEL_* for the OTLP exporter; None reads os.environ
     # How long a finished decode waits for the prefills that overlapped it (overlap.py), span-timeline seconds.
     overlap_hold_s: float = DEFAULT_HOLD_S
+    # Local tail sampling (tracer/sidecar/tail_sampler.py): None exports every span.
+    sample_rate: float | None = None
+    keep_violations: bool = False
+    decision_timeout_s: float = 30.0
+    max_buffered_spans: int = 200_000
 
 
 class Sidecar:
@@ -101,7 +107,7 @@ class Sidecar:
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines,
             sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
-            on_error=self._count_drop,
+            on_error=self._count_drop, tail_sampler=self._tail_sampler(config),
             overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s,
                                       prefill_in_one_step=config.mode != Mode.CHUNKED),
         )  # fmt: skip
@@ -115,6 +121,23 @@ class Sidecar:
         self._http_thread: threading.Thread | None = None
         self._metrics_server: WSGIServer | None = None
         self._gpu: GpuSampler | None = None
+
+    def _tail_sampler(self, config: SidecarConfig) -> TailSampler | None:
+        if config.sample_rate is None and not config.keep_violations:
+            return None
+        spans, traces = self.catalogue.tail_sampler_spans, self.catalogue.tail_sampler_traces
+        kept_spans, dropped_spans = spans.labels(decision="kept"), spans.labels(decision="dropped")
+
+        def on_spans(kept: int, dropped: int) -> None:
+            kept_spans.inc(kept)
+            dropped_spans.inc(dropped)
+
+        return TailSampler(
+            1.0 if config.sample_rate is None else config.sample_rate, keep_violations=config.keep_violations,
+            decision_timeout_s=config.decision_timeout_s, max_buffered_spans=config.max_buffered_spans,
+            on_spans=on_spans,
+            on_decision=lambda keep, trigger: traces.labels(decision="kept" if keep else "dropped", trigger=trigger).inc(),
+        )  # fmt: skip
 
     def start(self) -> Sidecar:
         config = self.config

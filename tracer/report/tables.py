@@ -1,6 +1,6 @@
 """Trace spans -> per-request, per-step and per-transfer columns (numpy), and the current layout.
 
-One pass over `tracer.traces.iter_spans`; only the attributes the report uses are kept, in flat lists
+One pass over the trace files (`tracer.report.read`: typed decoding of what the report reads); only the attributes the report uses are kept, in flat lists
 turned into arrays at the end, so a million spans fit in a few hundred MB. Blocking file I/O.
 
 A span that lacks an attribute the report needs (or carries one of the wrong type) is a bad record:
@@ -10,6 +10,7 @@ skipped and counted instead, like a bad line.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tracer import spans as s
+from tracer.report.read import iter_report_spans
 from tracer.sidecar import vllm
 from tracer.traces import (
     SPAN_KIND_SERVER,
@@ -25,10 +27,8 @@ from tracer.traces import (
     ReadStats,
     Span,
     TraceFileError,
-    iter_spans,
 )
 from tracer.vocabulary import Mode, Pool
-
 
 VLLM_REQUEST_SPAN = vllm.SPAN_NAME
 
@@ -118,9 +118,17 @@ class StepTable:
     context_tokens: np.ndarray
     # Attention work of the step's prefill chunks (tokens^2; see tracer.spans); NaN where not recorded.
     prefill_attention_tokens2: np.ndarray
+    # How many engine steps each span stands for (`splitscope.sample.weight`; 1 where absent): sums and
+    # means over steps weigh each row by it (tracer.step_sampling).
+    weight: np.ndarray
 
     def __len__(self) -> int:
         return len(self.start_ns)
+
+    @property
+    def sampled(self) -> bool:
+        """Whether some spans stand for more than one step (the exporter kept a sample)."""
+        return bool(len(self.weight) and np.any(self.weight != 1))
 
     def select(self, mask: np.ndarray) -> StepTable:
         return StepTable(**{name: getattr(self, name)[mask] for name in self.__dataclass_fields__})
@@ -163,6 +171,17 @@ class TraceData:
 _NAN = float("nan")
 
 
+def _step_weight(span: Span, where: str) -> float:
+    """`splitscope.sample.weight`, 1 where absent (traces written before step sampling); a kept span
+    stands for at least itself, so a weight below 1 is malformed."""
+    weight = _number(span, s.ATTR_SAMPLE_WEIGHT, where, False)
+    if math.isnan(weight):  # not recorded
+        return 1.0
+    if weight < 1:
+        raise TraceDataError(f"{where}: {s.ATTR_SAMPLE_WEIGHT} must be >= 1, got {weight}")
+    return weight
+
+
 def _number(span: Span, key: str, where: str, required: bool = True) -> float:
     value = span.attributes.get(key)
     if value is None:
@@ -200,7 +219,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     missing what the report needs) unless `skip_bad`, which skips and counts them."""
     total = ReadStats()
     requests: dict[str, _Request] = {}
-    steps: tuple[list, ...] = ([], [], [], [], [], [], [], [])
+    steps: tuple[list, ...] = ([], [], [], [], [], [], [], [], [])
     workers: dict[str, set[str]] = {}
     models: set[str] = set()
     skipped = 0
@@ -208,7 +227,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     for path in paths:
         stats = ReadStats()
         try:
-            for span in iter_spans([path], skip_bad=skip_bad, stats=stats):
+            for span in iter_report_spans([path], skip_bad=skip_bad, stats=stats):
                 try:
                     _take(span, requests, steps, workers, models, f"{path}:{stats.lines}")
                 except TraceDataError as exc:
@@ -233,6 +252,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
             prefill_tokens=np.asarray(steps[5], dtype=np.int64),
             context_tokens=np.asarray(steps[6], dtype=np.int64),
             prefill_attention_tokens2=np.asarray(steps[7], dtype=float),
+            weight=np.asarray(steps[8], dtype=float),
         ),
         transfers=_transfer_table(requests),
         workers={pool: sorted(names) for pool, names in workers.items()},
@@ -264,6 +284,7 @@ def _take(
             int(_number(span, s.ATTR_STEP_PREFILL_TOKENS, where)),
             int(_number(span, s.ATTR_STEP_CONTEXT_TOKENS, where)),
             _number(span, s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False),
+            _step_weight(span, where),
         )
         for column, value in zip(steps, row):
             column.append(value)
