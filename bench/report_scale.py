@@ -27,10 +27,10 @@ _SPANS_PER_REQUEST = 55  # colocated x4, prompts 800-1600, outputs 50-150 at 6 r
 
 _CHILD = r"""
 import json, resource, sys, time
-import tracer.report.load
+import tracer.report.tables
 if sys.argv[2] == "generic":
     from tracer.traces import iter_spans
-    tracer.report.load.iter_report_spans = iter_spans
+    tracer.report.tables.iter_report_spans = iter_spans
 from tracer.report.build import ReportOptions, report_from_data
 from tracer.report.tables import load_traces
 from tracer.report.render import headline, render

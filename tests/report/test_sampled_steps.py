@@ -8,7 +8,7 @@ import pytest
 
 from tracer.report.build import build_report
 from tracer.report.fit import fit_steps
-from tracer.report.load import load_traces
+from tracer.report.tables import load_traces
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import Verdict
 
