@@ -13,7 +13,6 @@ from tracer.alerts import promtool
 from tracer.alerts.buckets import missing_slo_edges
 from tracer.alerts.rules import RULES_PATH, render_rules_yaml
 
-
 _FETCH_TIMEOUT_S = 10.0
 
 

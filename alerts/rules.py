@@ -31,11 +31,11 @@ from tracer.metrics import (
     DECODE_STEPS_COUNTER,
     DECODE_TPOT_HISTOGRAM,
     ITL_HISTOGRAM,
+    KV_TRANSFER_FAILURES_COUNTER,
     OVERLAP_PREFILL_SECONDS_COUNTER,
     OVERLAP_PREFILL_STEPS_COUNTER,
-    PREFILL_OVERLAP_LABEL,
-    KV_TRANSFER_FAILURES_COUNTER,
     POOL_WORKERS_GAUGE,
+    PREFILL_OVERLAP_LABEL,
     REQUESTS_WAITING_GAUGE,
     STAGE_HISTOGRAM,
     STEP_HISTOGRAM,
@@ -789,7 +789,7 @@ def render_rules(
         rules.append(rule)
     # One group: Prometheus evaluates a group's rules in order, so every alert reads recording rules of
     # the same evaluation. Across groups the order is unspecified and an alert would lag by an interval.
-    groups = [{"name": "splitscope", "rules": rules}]
+    groups: list[dict[str, Any]] = [{"name": "splitscope", "rules": rules}]
     for group in groups:
         for rule in group["rules"]:
             if "for" in rule:

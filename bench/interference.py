@@ -109,8 +109,8 @@ def step_means_ms(samples: dict, pool: str) -> tuple[float | None, float | None,
 def histogram_quantile(samples: dict, name: str, labels: tuple, q: float) -> float | None:
     """Prometheus-style quantile from cumulative buckets (linear within a bucket)."""
     buckets = sorted(
-        (float(dict(l)["le"]), v) for (n, l), v in samples.items()
-        if n == name + "_bucket" and tuple(x for x in l if x[0] != "le") == labels
+        (float(dict(series)["le"]), v) for (n, series), v in samples.items()
+        if n == name + "_bucket" and tuple(x for x in series if x[0] != "le") == labels
     )  # fmt: skip
     if not buckets or buckets[-1][1] == 0:
         return None

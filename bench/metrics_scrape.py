@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from interference import free_port, start_server  # bench/interference.py: the same server start-up
+
 from tracer.load import LengthSpec, LoadConfig, run_load_sync
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"

@@ -38,8 +38,9 @@ from prometheus_client.parser import text_string_to_metric_families
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from reference_server.process import ServerProcess
-from tracer.load import BurstSpec, LengthSpec, LoadConfig, RunProgress, run_load_sync
+# Imported after the path insert so that `python bench/soak.py` runs from a checkout without an install.
+from reference_server.process import ServerProcess  # noqa: E402
+from tracer.load import BurstSpec, LengthSpec, LoadConfig, RunProgress, run_load_sync  # noqa: E402
 
 DROP_REASONS = ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full")
 MIB = 1 << 20

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from tracer.dashboards.common import DEPLOYMENT, NAMESPACE, POOL, RATE, default_stat, default_timeseries, new_dashboard, prom_query
+from tracer.dashboards.common import (
+    DEPLOYMENT,
+    NAMESPACE,
+    POOL,
+    RATE,
+    default_stat,
+    default_timeseries,
+    new_dashboard,
+    prom_query,
+)
 
 UID = "splitscope-gpu"
 

@@ -6,14 +6,30 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard
 
 from tracer.dashboards.common import (
-    DEPLOYMENT, ITL_SLO_S, POOL, RATE, default_timeseries, le_matcher, mean_query, new_dashboard, prom_query,
-    quantile_query, with_slo_line,
+    DEPLOYMENT,
+    ITL_SLO_S,
+    POOL,
+    RATE,
+    default_timeseries,
+    le_matcher,
+    mean_query,
+    new_dashboard,
+    prom_query,
+    quantile_query,
+    with_slo_line,
 )
-
 from tracer.metrics import (
-    DECODE_SECONDS_COUNTER, DECODE_STEPS_COUNTER, DECODE_TPOT_HISTOGRAM, OVERLAP_LATE_PREFILLS_COUNTER,
-    OVERLAP_PREFILL_SECONDS_COUNTER, OVERLAP_PREFILL_STEPS_COUNTER, OVERLAP_PREFILL_TOKENS_COUNTER,
-    OVERLAP_UNCLASSIFIED_COUNTER, PREFILL_OVERLAP_LABEL, WORKER_BUSY_COUNTER, WORKER_PREFILL_BUSY_COUNTER,
+    DECODE_SECONDS_COUNTER,
+    DECODE_STEPS_COUNTER,
+    DECODE_TPOT_HISTOGRAM,
+    OVERLAP_LATE_PREFILLS_COUNTER,
+    OVERLAP_PREFILL_SECONDS_COUNTER,
+    OVERLAP_PREFILL_STEPS_COUNTER,
+    OVERLAP_PREFILL_TOKENS_COUNTER,
+    OVERLAP_UNCLASSIFIED_COUNTER,
+    PREFILL_OVERLAP_LABEL,
+    WORKER_BUSY_COUNTER,
+    WORKER_PREFILL_BUSY_COUNTER,
 )
 
 UID = "splitscope-interference"

@@ -5,7 +5,14 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard
 
 from tracer.dashboards.common import (
-    DEPLOYMENT, MODEL, NAMESPACE, RATE, default_timeseries, new_dashboard, prom_query, quantile_query,
+    DEPLOYMENT,
+    MODEL,
+    NAMESPACE,
+    RATE,
+    default_timeseries,
+    new_dashboard,
+    prom_query,
+    quantile_query,
 )
 
 UID = "splitscope-kv-transfer"

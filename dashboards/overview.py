@@ -5,8 +5,19 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard
 
 from tracer.dashboards.common import (
-    DEPLOYMENT, ITL_SLO_S, MODEL, POOL, RATE, TTFT_SLO_S, default_stat, default_timeseries, le_matcher, new_dashboard,
-    prom_query, quantile_query, with_slo_line,
+    DEPLOYMENT,
+    ITL_SLO_S,
+    MODEL,
+    POOL,
+    RATE,
+    TTFT_SLO_S,
+    default_stat,
+    default_timeseries,
+    le_matcher,
+    new_dashboard,
+    prom_query,
+    quantile_query,
+    with_slo_line,
 )
 
 UID = "splitscope-overview"

@@ -5,7 +5,15 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard
 
 from tracer.dashboards.common import (
-    DEPLOYMENT, POOL, RATE, default_timeseries, mean_query, new_dashboard, prom_query, quantile_query, stacked,
+    DEPLOYMENT,
+    POOL,
+    RATE,
+    default_timeseries,
+    mean_query,
+    new_dashboard,
+    prom_query,
+    quantile_query,
+    stacked,
 )
 
 UID = "splitscope-stages"

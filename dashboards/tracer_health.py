@@ -5,7 +5,15 @@ from __future__ import annotations
 from grafana_foundation_sdk.builders import dashboard
 
 from tracer.alerts.settings import DEFAULT_SETTINGS
-from tracer.dashboards.common import DEPLOYMENT, NAMESPACE, RATE, default_stat, default_timeseries, new_dashboard, prom_query
+from tracer.dashboards.common import (
+    DEPLOYMENT,
+    NAMESPACE,
+    RATE,
+    default_stat,
+    default_timeseries,
+    new_dashboard,
+    prom_query,
+)
 
 UID = "splitscope-tracer-health"
 JOBS = f'job=~"{DEFAULT_SETTINGS.scrape_job_regex}"'

@@ -34,7 +34,8 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Sequence as SequenceOf
+from collections.abc import Callable
+from collections.abc import Sequence as SequenceOf
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +43,7 @@ import torch
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, KVCachePool, OutOfBlocks, blocks_for_tokens
 from reference_server.model import SeqSlice, Transformer, multinomial_sample_one_no_sync, sample_no_sync
-from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, Sequence, SeqState, StepPlan
+from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, SeqState, Sequence, StepPlan
 from tracer import TraceContext
 from tracer import spans as s
 from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics
@@ -125,7 +126,7 @@ class Engine:
         on_handoff: Callable[[Tracked, int, int], None] | None = None,
         kv_address: str = "",
         kv_wait_s: float = 5.0,
-        on_fatal: Callable[[str], None] | None = None,
+        on_fatal: Callable[[str], object] | None = None,  # its return value is ignored
     ) -> None:
         if role not in POLICY_OF_ROLE:
             raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(POLICY_OF_ROLE)}")
@@ -450,17 +451,7 @@ class Engine:
             logits = self.model(self._slices(plan), self.kv_pool)
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
         except Exception as exc:
-            log.exception("engine step failed; failing its %d requests", len(plan.sequences))
-            with self._room:
-                ended = self.scheduler.on_step_failed(plan, "error")
-                self._room.notify_all()
-            events = []
-            for seq in ended:
-                t = tracked.pop(seq.seq_id, None)
-                if t is not None:
-                    self._record_spans_so_far(t, "engine_error")
-                    events.append((t.sink, (EVENT_ERROR, 500, "engine_error", f"{type(exc).__name__}: {exc}")))
-            self.deliver(events)
+            self._fail_step(plan, exc)
             return
         if self._anchor is not None:
             self._anchor()  # the device just went idle: a fresh anchor for CUDA-event timing
@@ -496,6 +487,20 @@ class Engine:
             self.deliver(events)
         self._set_gauges()
 
+    def _fail_step(self, plan: StepPlan, exc: Exception) -> None:
+        """The model or the sampler raised: end every request of the step with a 500 and record its spans."""
+        log.exception("engine step failed; failing its %d requests", len(plan.sequences))
+        with self._room:
+            ended = self.scheduler.on_step_failed(plan, "error")
+            self._room.notify_all()
+        events: list[tuple[Sink, tuple]] = []
+        for seq in ended:
+            failed = self._tracked.pop(seq.seq_id, None)
+            if failed is not None:
+                self._record_spans_so_far(failed, "engine_error")
+                events.append((failed.sink, (EVENT_ERROR, 500, "engine_error", f"{type(exc).__name__}: {exc}")))
+        self.deliver(events)
+
     def _handoff(self, t: Tracked, first_token_id: int, handoff_wall_ns: int) -> None:
         if self.on_handoff is None:
             raise RuntimeError("a prefill engine needs on_handoff")
@@ -511,10 +516,10 @@ class Engine:
         slices = []
         if plan.decodes:
             decode_tokens = torch.tensor([d.token_id for d in plan.decodes], dtype=torch.long).to(device, non_blocking=True)
-            slices = [SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.block_table) for i, d in enumerate(plan.decodes)]
+            slices = [SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.admitted_table) for i, d in enumerate(plan.decodes)]
         for chunk in plan.prefills:
             token_ids = torch.tensor(chunk.token_ids, dtype=torch.long).to(device, non_blocking=True)
-            slices.append(SeqSlice(token_ids, chunk.start, chunk.seq.block_table))
+            slices.append(SeqSlice(token_ids, chunk.start, chunk.seq.admitted_table))
         return slices
 
     def _sample(self, logits: torch.Tensor, plan: StepPlan) -> torch.Tensor:

@@ -30,11 +30,15 @@ MAX_BLOCK_TOKENS = 256
 
 
 class KVShape(Protocol):
-    """The model dimensions that size a KV cache (a `model.ModelArgs` satisfies it)."""
+    """The model dimensions that size a KV cache (a `model.ModelArgs` satisfies it). Read-only: a frozen
+    dataclass satisfies it, and nothing here sets them."""
 
-    n_layers: int
-    n_kv_heads: int
-    head_dim: int
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def n_kv_heads(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
 
 
 def kv_bytes_per_token(args: KVShape, dtype: torch.dtype) -> int:

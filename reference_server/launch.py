@@ -21,6 +21,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import click
 
@@ -310,7 +311,7 @@ def _url_host(host: str) -> str:
               help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
               "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)")
 def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
-                  **options: object) -> None:  # fmt: skip
+                  **options: Any) -> None:  # fmt: skip
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
     namespace = options.pop("namespace")
     if namespace is not None:
@@ -327,7 +328,7 @@ def serve_command(mode: str, workers: int | None, prefill_workers: int | None, d
         workers=1 if workers is None else workers,
         prefill_workers=1 if prefill_workers is None else prefill_workers,
         decode_workers=1 if decode_workers is None else decode_workers,
-        **options,  # type: ignore[arg-type]
+        **options,
     )  # fmt: skip
     try:
         config.validate()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass, replace
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -63,7 +64,7 @@ class ModelArgs:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
 
     @classmethod
-    def from_name(cls, name: str, **overrides: object) -> ModelArgs:
+    def from_name(cls, name: str, **overrides: Any) -> ModelArgs:
         try:
             preset = PRESETS[name]
         except KeyError:
@@ -219,6 +220,10 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    # Registered buffers: nn.Module's __getattr__ is typed Tensor | Module; these are always tensors.
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
         self.args = args
@@ -237,7 +242,8 @@ class Transformer(nn.Module):
     def _layout(self, batch: list[SeqSlice], pool: KVCachePool) -> _BatchLayout:
         """Index tensors for one iteration: built from host ints, each copied to the device once."""
         block_size = pool.block_size
-        positions, write_blocks, read_blocks, token_ranges, masks = [], [], [], [], []
+        positions, write_blocks, read_blocks, token_ranges = [], [], [], []
+        masks: list[torch.Tensor | None] = []  # None: SDPA's own causal mask, or none needed
         first = 0
         for seq in batch:
             n_new = seq.token_ids.shape[0]
@@ -306,7 +312,7 @@ class Transformer(nn.Module):
         seq_len = token_ids.shape[0]
         cos, sin = self.rope_cos[:seq_len], self.rope_sin[:seq_len]
         x = self.tok_embeddings(token_ids)
-        for layer in self.layers:
+        for layer in cast("list[TransformerBlock]", self.layers):  # a ModuleList of blocks, typed as Modules
             x = layer.forward_dense(x, cos, sin)
         return self.output(self.norm(x)).float()
 

@@ -161,9 +161,10 @@ def _parse_stop(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: tuple[int, ...], *,
-                  max_tokens_key: str, operation: str) -> CompletionParams:  # fmt: skip
-    """The fields completions and chat share, checked in the order a reader meets them."""
+def _parse_max_tokens(body: dict[str, Any], limits: Limits, prompt_ids: tuple[int, ...], *,
+                      max_tokens_key: str, operation: str) -> int:  # fmt: skip
+    """The requested output length: `max_tokens_key` first, then 'max_tokens', then the default; it must fit
+    the context together with the prompt."""
     if not prompt_ids:
         raise _bad("'prompt' must not be empty", "prompt" if operation == OPERATION_COMPLETION else "messages")
     max_tokens = body.get(max_tokens_key)
@@ -186,7 +187,11 @@ def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: 
             prompt_param,
             "context_length_exceeded",
         )
+    return max_tokens
 
+
+def _parse_sampling(body: dict[str, Any]) -> tuple[float, float]:
+    """(temperature, top_p), each defaulted when absent or null."""
     temperature = body.get("temperature", 0.0)
     if temperature is None:
         temperature = 0.0
@@ -197,7 +202,11 @@ def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: 
         top_p = 1.0
     if not _is_number(top_p) or not 0 < top_p <= 1:
         raise _bad("'top_p' must be a number in (0, 1]", "top_p")
+    return float(temperature), float(top_p)
 
+
+def _parse_stream(body: dict[str, Any]) -> tuple[bool, bool]:
+    """(stream, include_usage): whether to answer with server-sent events, and whether they end with usage."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -206,7 +215,15 @@ def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: 
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, dict) or not isinstance(stream_options.get("include_usage", False), bool):
         raise _bad("'stream_options' must be an object with a boolean 'include_usage'", "stream_options")
+    return stream, stream_options.get("include_usage", False)
 
+
+def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: tuple[int, ...], *,
+                  max_tokens_key: str, operation: str) -> CompletionParams:  # fmt: skip
+    """The fields completions and chat share, checked in the order a reader meets them."""
+    max_tokens = _parse_max_tokens(body, limits, prompt_ids, max_tokens_key=max_tokens_key, operation=operation)
+    temperature, top_p = _parse_sampling(body)
+    stream, include_usage = _parse_stream(body)
     user = body.get("user")
     if user is not None and (not isinstance(user, str) or len(user) > MAX_USER_CHARS):
         raise _bad(f"'user' must be a string of at most {MAX_USER_CHARS} characters", "user")
@@ -233,15 +250,15 @@ def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: 
         model=model,
         prompt_token_ids=prompt_ids,
         max_tokens=max_tokens,
-        temperature=float(temperature),
+        temperature=temperature,
         stream=stream,
-        include_usage=stream_options.get("include_usage", False),
+        include_usage=include_usage,
         user=user,
         seed=seed,
         # The EOS stop is all or nothing here: min_tokens up to max_tokens means "never stop early".
         ignore_eos=ignore_eos or min_tokens >= max_tokens,
         return_token_ids=return_token_ids,
-        top_p=float(top_p),
+        top_p=top_p,
         stop=stop,
         operation=operation,
     )

@@ -47,7 +47,7 @@ class ServerProcess:
         try:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         finally:
-            if self.log_path:
+            if not isinstance(log, int):  # the file opened above (subprocess.DEVNULL is an int)
                 log.close()
         deadline = time.monotonic() + self.startup_timeout_s
         while not self._healthy():

@@ -38,7 +38,7 @@ import json
 import logging
 import secrets
 from array import array
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
@@ -456,12 +456,12 @@ class Router:
             "stop": list(params.stop),
         }
 
-    def _events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncIterator[tuple]:
+    def _events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
         if self.mode == "disaggregated":
             return self._disaggregated_events(params, ctx, request_id)
         return self._colocated_events(params, ctx, request_id)
 
-    async def _colocated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncIterator[tuple]:
+    async def _colocated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
         pool = self.pools["colocated"]
         worker = (sticky(pool, params.user) if params.user else None) or least_loaded(pool)
         if worker is None:
@@ -479,7 +479,7 @@ class Router:
         finally:
             worker.inflight -= 1
 
-    async def _disaggregated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncIterator[tuple]:
+    async def _disaggregated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
         decode_worker = least_loaded(self.pools["decode"])
         prefill_pool = self.pools["prefill"]
         prefill_worker = (sticky(prefill_pool, params.user) if params.user else None) or least_loaded(prefill_pool, by_tokens=True)
@@ -528,7 +528,7 @@ class Router:
             raise UpstreamError(500, "worker_failed", f"prefill worker {worker.name} failed: {type(exc).__name__}: {exc}") from None
 
 
-async def _merge_prefill_outcome(stream: AsyncIterator[tuple], prefill_task: asyncio.Task) -> AsyncIterator[tuple]:
+async def _merge_prefill_outcome(stream: AsyncIterator[tuple], prefill_task: asyncio.Task) -> AsyncGenerator[tuple, None]:
     """The decode worker's events, failing as soon as the prefill (or its KV transfer) fails.
 
     A prefill that finished the request by itself (its first token was a stop, or max_tokens 1) ends the
@@ -577,7 +577,7 @@ async def _check_status(response: aiohttp.ClientResponse, worker: Endpoint) -> N
     raise UpstreamError(response.status, error.get("type") or "worker_error", f"worker {worker.name}: {message}")
 
 
-async def _ndjson_events(response: aiohttp.ClientResponse, worker: Endpoint) -> AsyncIterator[tuple]:
+async def _ndjson_events(response: aiohttp.ClientResponse, worker: Endpoint) -> AsyncGenerator[tuple, None]:
     """A worker's NDJSON stream as ("token", id) ... ("done", info); raises UpstreamError on its error
     event or when the stream ends early (the worker died)."""
     async for line in response.content:

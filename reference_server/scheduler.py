@@ -101,6 +101,13 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.state is SeqState.FINISHED
 
+    @property
+    def admitted_table(self) -> BlockTable:
+        """`block_table` of a sequence the scheduler has admitted (set on admission, never unset), typed as
+        present; only for sequences in a plan or running."""
+        assert self.block_table is not None, f"sequence {self.seq_id} is not admitted"
+        return self.block_table
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -395,11 +402,11 @@ class Scheduler:
                 chunks.append(PrefillChunk(seq, seq.num_computed_tokens, end))
                 budget_left -= chunks[-1].num_tokens
         while budget_left > 0:
-            seq = self._admit_next()
-            if seq is None:
+            admitted = self._admit_next()
+            if admitted is None:
                 break
-            end = min(seq.prompt_len, seq.num_computed_tokens + budget_left)
-            chunks.append(PrefillChunk(seq, seq.num_computed_tokens, end))
+            end = min(admitted.prompt_len, admitted.num_computed_tokens + budget_left)
+            chunks.append(PrefillChunk(admitted, admitted.num_computed_tokens, end))
             budget_left -= chunks[-1].num_tokens
         return tuple(chunks)
 
@@ -424,17 +431,17 @@ class Scheduler:
             if seq.is_finished:
                 continue
             seq.num_computed_tokens = slot.position + 1
-            seq.block_table.num_tokens = max(seq.block_table.num_tokens, seq.num_computed_tokens)
+            seq.admitted_table.num_tokens = max(seq.admitted_table.num_tokens, seq.num_computed_tokens)
             self._emit(seq, token_id, outcome)
         for chunk, token_id in zip(plan.prefills, prefill_tokens):
             seq = chunk.seq
             if seq.is_finished:
                 continue
             seq.num_computed_tokens = chunk.end
-            seq.block_table.num_tokens = max(seq.block_table.num_tokens, chunk.end)
+            seq.admitted_table.num_tokens = max(seq.admitted_table.num_tokens, chunk.end)
             seq.num_prefill_chunks += 1
             if self.prefix_caching:
-                self.allocator.cache_full_blocks(seq.block_table, seq.request.prompt_token_ids)
+                self.allocator.cache_full_blocks(seq.admitted_table, seq.request.prompt_token_ids)
             if not chunk.is_last:
                 continue
             if self.policy == "prefill-only":

@@ -19,7 +19,7 @@ import queue
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from contextlib import closing, contextmanager
-from typing import Union
+from typing import TYPE_CHECKING, Union
 
 import torch
 
@@ -100,6 +100,12 @@ class _BatchedRuns:
 
     views_outlive_run: bool
 
+    if TYPE_CHECKING:  # each subclass defines both
+
+        def read_runs(self, block_ids: Sequence[int]) -> Generator[memoryview, None, None]: ...
+
+        def write_runs(self, block_ids: Sequence[int]) -> Generator[memoryview, None, None]: ...
+
     def read_batches(self, block_ids: Sequence[int], batch_bytes: int) -> Generator[list[memoryview], None, None]:
         return batched(self.read_runs(block_ids), batch_bytes, across_runs=self.views_outlive_run)
 
@@ -118,14 +124,15 @@ class HostPoolBytes(_BatchedRuns):
             raise ValueError("HostPoolBytes needs a CPU pool; use pool_bytes() to pick the right access")
         self._pool = pool  # keeps the storage alive as long as the views
         # uint8 first: numpy has no bfloat16, and bytes are all the wire needs.
-        self._bytes = memoryview(pool.detach().view(torch.uint8).reshape(-1).numpy())
+        # ndarray is a buffer; numpy's stubs declare __buffer__ only for Python 3.12 and later.
+        self._bytes = memoryview(pool.detach().view(torch.uint8).reshape(-1).numpy())  # type: ignore[arg-type]
         self._max_run_blocks = max(1, max_run_bytes // self.layout.block_bytes)
 
     def _view(self, first_block: int, count: int) -> memoryview:
         block_bytes = self.layout.block_bytes
         return self._bytes[first_block * block_bytes : (first_block + count) * block_bytes]
 
-    def read_runs(self, block_ids: Sequence[int]) -> Iterator[memoryview]:
+    def read_runs(self, block_ids: Sequence[int]) -> Generator[memoryview, None, None]:
         for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):
             yield self._view(first_block, count)
 
@@ -164,7 +171,8 @@ class CudaStagedPoolBytes(_BatchedRuns):
                 self._stagings_left -= 1
         if create:
             buffer = torch.empty((self._max_run_blocks, self.layout.block_bytes), dtype=torch.uint8, pin_memory=True)
-            staging = (buffer, memoryview(buffer.view(-1).numpy()), torch.cuda.Stream(device=self._device))
+            # ndarray is a buffer; numpy's stubs declare __buffer__ only for Python 3.12 and later.
+            staging = (buffer, memoryview(buffer.view(-1).numpy()), torch.cuda.Stream(device=self._device))  # type: ignore[arg-type]
         else:
             staging = self._free_stagings.get()
         try:
@@ -172,7 +180,7 @@ class CudaStagedPoolBytes(_BatchedRuns):
         finally:
             self._free_stagings.put(staging)
 
-    def read_runs(self, block_ids: Sequence[int]) -> Iterator[memoryview]:
+    def read_runs(self, block_ids: Sequence[int]) -> Generator[memoryview, None, None]:
         block_bytes = self.layout.block_bytes
         with self._staging() as (buffer, buffer_bytes, copy_stream):
             for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):
@@ -181,7 +189,7 @@ class CudaStagedPoolBytes(_BatchedRuns):
                 copy_stream.synchronize()
                 yield buffer_bytes[: count * block_bytes]
 
-    def write_runs(self, block_ids: Sequence[int]) -> Iterator[memoryview]:
+    def write_runs(self, block_ids: Sequence[int]) -> Generator[memoryview, None, None]:
         block_bytes = self.layout.block_bytes
         with self._staging() as (buffer, buffer_bytes, copy_stream):
             for first_block, count in consecutive_runs(block_ids, self._max_run_blocks):

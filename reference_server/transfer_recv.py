@@ -358,8 +358,8 @@ class KVReceiver:
         try:
             header = StreamHeader.from_wire(message, self._layout)
             assembly = self._join(header, arrived_ns, peer)
-        except KVTransferError as error:
-            self._refuse(sock, error, peer)  # nothing of this stream was written
+        except KVTransferError as refused:
+            self._refuse(sock, refused, peer)  # nothing of this stream was written
             return False
         # From here this stream is a writer of assembly.dst_block_ids and must leave exactly once.
         with self._lock:

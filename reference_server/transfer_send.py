@@ -27,9 +27,9 @@ from reference_server.transfer_clock import ClockEstimate, best_estimate
 from reference_server.transfer_pool import PoolBytes, pool_bytes
 from reference_server.transfer_wire import (
     ABORTED,
-    PAYLOAD_BATCH_BYTES,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,
+    PAYLOAD_BATCH_BYTES,
     TRACEPARENT_PATTERN,
     KVTransferError,
     StreamHeader,

@@ -324,7 +324,9 @@ class Worker:
             kv_dst = _host_port(body.get("kv_dst"))
         except BadRequest as exc:
             return error_json(400, "invalid_request_error", str(exc))
-        kv_dst_worker = body.get("kv_dst_worker") if isinstance(body.get("kv_dst_worker"), str) else ""
+        kv_dst_worker = body.get("kv_dst_worker")
+        if not isinstance(kv_dst_worker, str):
+            kv_dst_worker = ""
         outcome: asyncio.Future[tuple] = self.loop.create_future()
 
         def sink(event: tuple) -> None:

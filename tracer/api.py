@@ -16,6 +16,7 @@ from array import array
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
+from tracer.context import TraceContext
 from tracer.records import (
     KIND_DECODE,
     KIND_REQUEST,
@@ -25,7 +26,6 @@ from tracer.records import (
     RecordRing,
     call_in_child_after_fork,
 )
-from tracer.context import TraceContext
 from tracer.vocabulary import OPERATION_TEXT_COMPLETION
 
 

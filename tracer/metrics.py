@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
+from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -380,13 +382,19 @@ def process_labels(worker: str | None = None) -> dict[str, str]:
     return labels
 
 
+class MetricSource(Protocol):
+    """What an exposition reads: a CollectorRegistry, or any object whose collect() yields metric families."""
+
+    def collect(self) -> Iterable[Metric]: ...
+
+
 class LabelledCollection:
     """A registry's families with `labels` added to every sample that lacks them (read at scrape time).
 
     A series that already has one of the labels (e.g. `splitscope_requests_waiting{worker}`) keeps its own.
     """
 
-    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    def __init__(self, registry: MetricSource, labels: dict[str, str]) -> None:
         self._registry = registry
         self._labels = labels
 
@@ -401,7 +409,7 @@ class LabelledCollection:
             yield labelled
 
 
-def exposition(registry: CollectorRegistry, accept_header: str | None,
+def exposition(registry: MetricSource, accept_header: str | None,
                labels: dict[str, str] | None = None) -> tuple[bytes, str]:  # fmt: skip
     """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
 
@@ -413,6 +421,6 @@ def exposition(registry: CollectorRegistry, accept_header: str | None,
     return encoder(source), content_type
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1"):
+def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
     """Serve /metrics on a daemon thread; returns (server, thread). Port 0 picks a free port."""
     return start_http_server(port, addr=host, registry=registry)

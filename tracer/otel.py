@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 import os
 import threading
-from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans

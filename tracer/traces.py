@@ -22,7 +22,6 @@ from typing import Any
 
 import orjson
 
-
 # OTLP span kinds (trace.proto Span.SpanKind).
 SPAN_KIND_INTERNAL = 1
 SPAN_KIND_SERVER = 2

@@ -12,10 +12,11 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.prom import serving_registry
 from tracer.alerts.buckets import missing_slo_edges
 from tracer.alerts.cli import alerts_group
-from tests.prom import serving_registry
 from tracer.metrics import Catalogue
+from tracer.sidecar import scrape
 from tracer.sidecar.scrape import map_families, warn_missing_slo_edges
 
 # vLLM v1's TTFT buckets (vllm/v1/metrics/loggers.py): no 2 s edge.
@@ -71,9 +72,12 @@ def test_alerts_check_warns_about_an_exposition_without_the_slo_edge(vllm_like_u
 VLLM_FIXTURE = Path(__file__).with_name("fixtures") / "vllm-latency-histograms.txt"
 
 
-def test_the_sidecar_warns_once_about_vllms_ttft_buckets(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_sidecar_warns_once_about_vllms_ttft_buckets(caplog: pytest.LogCaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """A real vLLM exposition (the TTFT and ITL families of a captured vLLM worker exposition), mapped by the sidecar: its
     TTFT buckets lack 2 s (judged at 1 s), its ITL buckets have 100 ms (no warning)."""
+    # "Once" is per process: a sidecar test that ran first may have warned already.
+    monkeypatch.setattr(scrape, "_SLO_EDGE_WARNED", set())
     families = map_families(VLLM_FIXTURE.read_text(encoding="utf-8"), "vllm", pool="colocated", worker="v0",
                             mode="colocated")  # fmt: skip
     assert {f.name for f in families} == {"gen_ai_server_time_to_first_token_seconds",

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-from tracer.alerts.rules import render_rules_yaml
 from tests.prom import running_prometheus, serving_registry
+from tracer.alerts.rules import render_rules_yaml
 
 PREFILL_STEPS_PER_S, PREFILL_STEP_S = 10.0, 0.2
 DECODE_STEPS_PER_S, DECODE_STEP_S = 20.0, 0.05

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from tests.prom import PrometheusError, running_prometheus, serving_registry
 from tracer.alerts.rules import RULES_PATH
 from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql, rule_queries
-from tests.prom import PrometheusError, running_prometheus, serving_registry
 from tracer.metrics import Catalogue
 
 

@@ -10,10 +10,10 @@ import click
 import pytest
 import yaml
 
+from reference_server.launch import serve_command
 from tracer.alerts.promtool import promtool_path
 from tracer.alerts.rules import RULES_PATH
 from tracer.dashboards.build import GENERATED_DIR
-from reference_server.launch import serve_command
 from tracer.sidecar.main import sidecar_command
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

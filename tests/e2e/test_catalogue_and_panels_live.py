@@ -22,13 +22,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from tracer.alerts.rules import RULES_PATH
-from tracer.dashboards import interference
-from tracer.dashboards.catalogue import (
-    dashboard_queries,
-    grafana_to_promql,
-    referenced_metrics,
-)
 from reference_server.process import ServerProcess
 from tests.e2e.live import (
     BackgroundLoad,
@@ -37,6 +30,13 @@ from tests.e2e.live import (
     missing_families,
 )
 from tests.prom import PrometheusHandle, running_prometheus
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards import interference
+from tracer.dashboards.catalogue import (
+    dashboard_queries,
+    grafana_to_promql,
+    referenced_metrics,
+)
 from tracer.load import LengthSpec, LoadConfig
 from tracer.sidecar.server import Sidecar, SidecarConfig
 

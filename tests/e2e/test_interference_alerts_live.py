@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from tracer.alerts.rules import render_rules_yaml
-from tracer.alerts.settings import DEFAULT_SETTINGS
 from reference_server.process import ServerProcess
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import PrometheusHandle, running_prometheus
-from tracer.load import SLO, BurstSpec, LengthSpec, LoadConfig
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import DEFAULT_SETTINGS
+from tracer.load import BurstSpec, ClientSLO, LengthSpec, LoadConfig
 
 PRESET = "small"
 WINDOW_S = 20  # every range window of every rule (5m, 30m, 1h, 6h in the committed file)
@@ -82,7 +82,7 @@ def _target(server: ServerProcess) -> str:
 
 
 def _load(server: ServerProcess, **overrides: object) -> LoadConfig:
-    return LoadConfig(url=server.url, model=PRESET, slo=SLO(ttft_s=DEFAULT_SETTINGS.ttft_slo_s,
+    return LoadConfig(url=server.url, model=PRESET, slo=ClientSLO(ttft_s=DEFAULT_SETTINGS.ttft_slo_s,
                       itl_s=DEFAULT_SETTINGS.itl_slo_s), seed=11, timeout_s=60, **overrides)  # fmt: skip
 
 

@@ -26,17 +26,16 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from tracer.alerts.rules import render_rules_yaml
-from tracer.alerts.settings import AlertSettings
 from tests.conftest import free_port
 from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Run, serve
 from tests.oracle.observe import observe
 from tests.oracle.traces import MODEL, vllm_request_lines
 from tests.prom import running_prometheus, serving_registry
+from tracer.alerts.rules import render_rules_yaml
+from tracer.alerts.settings import AlertSettings
 from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.vocabulary import Mode, Pool
 

@@ -27,13 +27,13 @@ from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracer.alerts.rules import RULES_PATH
-from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tests.conftest import free_port, wait_for
 from tests.e2e.live import finite_values
 from tests.engines.processes import ChildProcess, splitscope, vllm_python
 from tests.prom import running_prometheus
 from tracer import spans as s
+from tracer.alerts.rules import RULES_PATH
+from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tracer.metrics import ENGINE_SCRAPE_UP, PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
 from tracer.otel import to_readable_span
 from tracer.sidecar import vllm
@@ -190,7 +190,7 @@ def test_sidecar_metrics_carry_vllms_counts(stack: Stack) -> None:
             ("gen_ai_server_request_duration_seconds", "vllm:e2e_request_latency_seconds"),
             ("gen_ai_server_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds"),
         ) for suffix in ("_count", "_sum")),
-        *(((f"splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds" + suffix, {"stage": stage}),
+        *((("splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds" + suffix, {"stage": stage}),
            (v, v + suffix, {})) for stage, v in (
             ("queue", "vllm:request_queue_time_seconds"), ("prefill", "vllm:request_prefill_time_seconds"),
             ("decode", "vllm:request_decode_time_seconds"),

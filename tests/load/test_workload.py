@@ -10,7 +10,15 @@ import pytest
 
 from tracer.load.config import BurstSpec, ConfigError, LengthSpec, LoadConfig
 from tracer.load.prompts import PromptFactory, synth_text
-from tracer.load.workload import BURST, POISSON, ReplayError, build_schedule, burst_arrivals_s, load_replay, sample_lengths
+from tracer.load.workload import (
+    BURST,
+    POISSON,
+    ReplayError,
+    build_schedule,
+    burst_arrivals_s,
+    load_replay,
+    sample_lengths,
+)
 
 URL = "http://127.0.0.1:9"
 

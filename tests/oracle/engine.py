@@ -200,47 +200,16 @@ def _worker(role: str, pool: str, worker: int, inbox: list[tuple[float, Request]
         while inbox and inbox[0][0] <= now:
             waiting.append(inbox.popleft()[1])
         here = len(ends)  # index of the iteration being planned
-        joined: list[Request] = []  # finish their prefill in this iteration
-        prefill_tokens = attention = 0
         if role == "decode":
-            while waiting and running < deployment.max_running:
-                request = waiting.popleft()
-                request.first_token_s = request.decode_start_s = now  # sent by the decode worker on admission
-                if request.output_tokens > 1:
-                    _start_decoding(request, here, leaving)
-                    running += 1
-                    context += request.prompt_tokens + 1
-                else:
-                    request.end_s = now
+            admitted, admitted_context = _admit_decode(waiting, running, deployment, now, here, leaving)
+            running += admitted
+            context += admitted_context
+            joined: list[Request] = []
+            prefill_tokens = attention = 0
         elif role == "chunked":
-            left = deployment.budget_tokens - running
-            for request in waiting:
-                if left <= 0 or running + len(joined) >= deployment.max_running:
-                    break
-                chunk = min(left, request.prompt_tokens - request.prefilled)
-                if request.chunks == 0:
-                    request.prefill_start_s = now
-                attention += (request.prefilled + chunk) ** 2 - request.prefilled**2
-                request.prefilled += chunk
-                request.chunks += 1
-                prefill_tokens += chunk
-                left -= chunk
-                if request.prefilled == request.prompt_tokens:
-                    joined.append(request)
-            for _ in joined:  # first come first served: the finished prompts are the front of the queue
-                waiting.popleft()
+            joined, prefill_tokens, attention = _plan_chunks(waiting, running, deployment, now)
         else:  # whole prompts
-            while waiting and running + len(joined) < deployment.max_running:
-                request = waiting[0]
-                if joined and prefill_tokens + request.prompt_tokens > deployment.max_prefill_tokens:
-                    break
-                waiting.popleft()
-                request.prefill_start_s = now
-                request.chunks = 1
-                request.prefilled = request.prompt_tokens
-                prefill_tokens += request.prompt_tokens
-                attention += request.prompt_tokens**2
-                joined.append(request)
+            joined, prefill_tokens, attention = _plan_whole_prompts(waiting, running, deployment, now)
         if not running and not prefill_tokens:  # nothing to run until the next arrival
             if not inbox:
                 break
@@ -273,6 +242,68 @@ def _worker(role: str, pool: str, worker: int, inbox: list[tuple[float, Request]
             else:
                 request.end_s = end
         now = end
+
+
+def _admit_decode(waiting: deque[Request], running: int, deployment: Deployment, now: float, here: int,
+                  leaving: list[tuple[int, int, Request]]) -> tuple[int, int]:  # fmt: skip
+    """A decode worker admits transferred KV caches up to max_running; returns (requests that joined the
+    running batch, context tokens they add)."""
+    admitted = admitted_context = 0
+    while waiting and running + admitted < deployment.max_running:
+        request = waiting.popleft()
+        request.first_token_s = request.decode_start_s = now  # sent by the decode worker on admission
+        if request.output_tokens > 1:
+            _start_decoding(request, here, leaving)
+            admitted += 1
+            admitted_context += request.prompt_tokens + 1
+        else:
+            request.end_s = now
+    return admitted, admitted_context
+
+
+def _plan_chunks(waiting: deque[Request], running: int, deployment: Deployment,
+                 now: float) -> tuple[list[Request], int, int]:  # fmt: skip
+    """Chunked prefill: the token budget left after the running decodes, spent on the queue in order.
+    Returns (requests whose prompt finishes in this iteration, prefill tokens, attention tokens squared)."""
+    joined: list[Request] = []
+    prefill_tokens = attention = 0
+    left = deployment.budget_tokens - running
+    for request in waiting:
+        if left <= 0 or running + len(joined) >= deployment.max_running:
+            break
+        chunk = min(left, request.prompt_tokens - request.prefilled)
+        if request.chunks == 0:
+            request.prefill_start_s = now
+        attention += (request.prefilled + chunk) ** 2 - request.prefilled**2
+        request.prefilled += chunk
+        request.chunks += 1
+        prefill_tokens += chunk
+        left -= chunk
+        if request.prefilled == request.prompt_tokens:
+            joined.append(request)
+    for _ in joined:  # first come first served: the finished prompts are the front of the queue
+        waiting.popleft()
+    return joined, prefill_tokens, attention
+
+
+def _plan_whole_prompts(waiting: deque[Request], running: int, deployment: Deployment,
+                        now: float) -> tuple[list[Request], int, int]:  # fmt: skip
+    """Whole prompts (colocated, prefill workers) up to max_prefill_tokens, at least one. Returns as
+    _plan_chunks."""
+    joined: list[Request] = []
+    prefill_tokens = attention = 0
+    while waiting and running + len(joined) < deployment.max_running:
+        request = waiting[0]
+        if joined and prefill_tokens + request.prompt_tokens > deployment.max_prefill_tokens:
+            break
+        waiting.popleft()
+        request.prefill_start_s = now
+        request.chunks = 1
+        request.prefilled = request.prompt_tokens
+        prefill_tokens += request.prompt_tokens
+        attention += request.prompt_tokens**2
+        joined.append(request)
+    return joined, prefill_tokens, attention
 
 
 def _start_decoding(request: Request, iteration: int, leaving: list[tuple[int, int, Request]]) -> None:

@@ -68,3 +68,28 @@ def test_failures_that_are_not_in_a_row_do_not_stop_the_loop():
         assert len(calls) > MAX_CONSECUTIVE_LOOP_FAILURES  # more failures in all than the limit, never in a row
     finally:
         engine.stop()
+
+
+def test_a_failing_model_step_fails_its_requests_with_500_and_the_loop_goes_on():
+    engine = _engine(lambda reason: None)
+    real_model = engine.model
+    calls = []
+
+    def model_fails_once(slices, pool):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("device fault")
+        return real_model(slices, pool)
+
+    engine.model = model_fails_once
+    engine.submit(Request("r1", (1, 2, 3), 4), TraceContext.new_root(), sink=lambda event: None)
+    engine.start()
+    try:
+        wait_for(lambda: engine.delivered, 30, "the failed step's answer")
+        ((_, event),) = engine.delivered
+        assert event[:3] == (EVENT_ERROR, 500, "engine_error") and "RuntimeError: device fault" in event[3]
+        engine.submit(Request("r2", (1, 2, 3), 2), TraceContext.new_root(), sink=lambda event: None)
+        wait_for(lambda: any(event[0] == EVENT_DONE for _, event in engine.delivered), 60, "the next request to finish")
+        assert engine.fatal_error == "" and len(calls) > 1
+    finally:
+        engine.stop()

@@ -9,7 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from reference_server.router import Endpoint, sticky
-from tests.reference_server.server_harness import Server, http, reference_tokens, sse_events, streamed_token_ids, wait_for
+from tests.reference_server.server_harness import (
+    Server,
+    http,
+    reference_tokens,
+    sse_events,
+    streamed_token_ids,
+    wait_for,
+)
 from tracer import spans as s
 
 

@@ -21,11 +21,10 @@ from __future__ import annotations
 import numpy as np
 
 from reference_server.process import ServerProcess
-from tracer.load import SLO as LoadSLO
-from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
+from tracer.load import BurstSpec, ClientSLO, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import ReportOptions, report_from_data
-from tracer.report.tables import load_traces
 from tracer.report.simulate import SLO
+from tracer.report.tables import load_traces
 
 # Stated errors: TTFT median within 35%, median per-request worst gap within 35%. The model is a fit over
 # a few hundred steps on a machine shared with other work; tighter bounds would test the noise.
@@ -60,7 +59,7 @@ def test_simulated_ttft_and_worst_gap_match_a_measured_reference_server_run(tmp_
             url=server.url, model="small", rate_rps=SHORT_REQUESTS_PER_PERIOD / period_s, duration_s=PERIODS * period_s,
             prompt=LengthSpec(64), output=LengthSpec(OUTPUT_TOKENS),
             burst=BurstSpec(every_s=period_s, count=1, prompt_tokens=BURST_PROMPT_TOKENS),
-            slo=LoadSLO(ttft_s=2.0, itl_s=0.2), seed=5,
+            slo=ClientSLO(ttft_s=2.0, itl_s=0.2), seed=5,
         ))  # fmt: skip
     assert result.summary.errors == 0
 

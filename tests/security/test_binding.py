@@ -43,10 +43,10 @@ def test_every_listener_of_a_default_server_and_sidecar_is_on_loopback(server: S
     sidecar_listeners = listening(descendants(sidecar.process.pid))
     # router + its --metrics-port, each worker's internal API, the decode worker's KV receiver
     assert len(server_listeners) >= 5, server_listeners
-    assert {server.port, server.metrics_port} <= {l.port for l in server_listeners}
+    assert {server.port, server.metrics_port} <= {listener.port for listener in server_listeners}
     # OTLP/HTTP, OTLP/gRPC, /metrics
-    assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {l.port for l in sidecar_listeners}
-    exposed = [l for l in server_listeners + sidecar_listeners if l.host != "127.0.0.1"]
+    assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {listener.port for listener in sidecar_listeners}
+    exposed = [listener for listener in server_listeners + sidecar_listeners if listener.host != "127.0.0.1"]
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
 
@@ -113,8 +113,8 @@ def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) ->
             ready = next((line for line in worker.stdout if line.startswith("SPLITSCOPE_WORKER_READY")), None)
             assert ready is not None, f"worker did not start:\n{(tmp_path / 'worker.log').read_text()}"
             listeners = listening([worker.pid])
-            assert len(listeners) == 2 and all(l.host == "0.0.0.0" for l in listeners), listeners
-            answers = {l.port: probe_health(f"http://127.0.0.1:{l.port}") for l in listeners}
+            assert len(listeners) == 2 and all(listener.host == "0.0.0.0" for listener in listeners), listeners
+            answers = {listener.port: probe_health(f"http://127.0.0.1:{listener.port}") for listener in listeners}
             (api_port,) = [port for port, answer in answers.items() if answer is not None]
             (kv_port,) = [port for port, answer in answers.items() if answer is None]  # not HTTP: the KV receiver
             base = f"http://127.0.0.1:{api_port}"
@@ -139,7 +139,7 @@ def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -
                                     traces_file=str(tmp_path / "t.jsonl"), gpu=False, environ={TOKEN_ENV: "s3cret"}))  # fmt: skip
     sidecar.start()
     try:
-        hosts = {l.host for l in listening([os.getpid()]) if l.port in (sidecar.http_port, sidecar.grpc_port)}
+        hosts = {listener.host for listener in listening([os.getpid()]) if listener.port in (sidecar.http_port, sidecar.grpc_port)}
         assert hosts and hosts <= {"0.0.0.0", "::"}, hosts  # gRPC makes 0.0.0.0 a dual-stack socket
         url = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
         empty = trace_service_pb2.ExportTraceServiceRequest()

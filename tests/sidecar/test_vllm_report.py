@@ -12,8 +12,8 @@ from opentelemetry.trace import SpanKind
 
 from tests.sidecar.conftest import spans_when
 from tracer.report.build import ReportOptions, report_from_data
-from tracer.report.tables import load_traces
 from tracer.report.simulate import SLO
+from tracer.report.tables import load_traces
 from tracer.sidecar import vllm
 
 REQUESTS = 60

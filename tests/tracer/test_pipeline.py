@@ -126,7 +126,7 @@ def test_latency_histograms_carry_the_trace_id_as_an_exemplar(traced):
                           input_tokens=10, output_tokens=3)
     router.shutdown(1.0)
     text = openmetrics_latest(registry).decode()
-    line = next(l for l in text.splitlines() if l.startswith("gen_ai_server_time_to_first_token_seconds_bucket") and "#" in l)
+    line = next(row for row in text.splitlines() if row.startswith("gen_ai_server_time_to_first_token_seconds_bucket") and "#" in row)
     assert re.search(r'# \{trace_id="%032x"\} 0\.12' % ctx.trace_id, line), line
 
 

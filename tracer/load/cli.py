@@ -24,7 +24,7 @@ class Seconds(click.ParamType):
 
     name = "SECONDS"
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]  (click's signature)
+    def convert(self, value, param, ctx):  # untyped: click's signature
         if isinstance(value, (int, float)):
             return float(value)
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*", str(value))
@@ -38,10 +38,10 @@ class Tokenizer(click.ParamType):
 
     name = "tokenizer"
 
-    def get_metavar(self, param, ctx=None):  # type: ignore[no-untyped-def]  (click 8.1 and 8.2 signatures)
+    def get_metavar(self, param, ctx=None):  # untyped: click 8.1 and 8.2 signatures differ
         return "bytes|chars-per-token=X"
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value, param, ctx):  # untyped: click's signature
         if isinstance(value, float):
             return value
         text = str(value).strip()
@@ -56,7 +56,7 @@ class Tokenizer(click.ParamType):
 class BurstParam(click.ParamType):
     name = "EVERY_S:COUNT:TOKENS"
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value, param, ctx):  # untyped: click's signature
         if isinstance(value, BurstSpec):
             return value
         try:

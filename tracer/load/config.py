@@ -134,11 +134,26 @@ class LoadConfig:
 
     def validate(self) -> None:
         """Raise ConfigError on the first problem found; returns None when the config can run."""
+        self._validate_target()
+        self._validate_arrivals()
+        self.prompt.validate("prompt")
+        self.output.validate("output")
+        if self.burst is not None:
+            self.burst.validate()
+        self._validate_sessions()
+        self.slo.validate()
+        self._validate_client()
+
+    def _validate_target(self) -> None:
+        """The server's URL and the model name."""
         parts = urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ConfigError(f"--url must be an http(s) URL such as http://127.0.0.1:8000 (got {self.url!r})")
         if not self.model:
             raise ConfigError("--model must not be empty")
+
+    def _validate_arrivals(self) -> None:
+        """When requests arrive and what bounds the run: a replay file, or a rate/burst with a duration/count."""
         if self.replay_path is not None:
             if self.rate_rps is not None or self.burst is not None or self.sessions:
                 raise ConfigError("--replay takes arrivals, lengths and sessions from the file; drop --rate, --burst and --sessions")
@@ -159,17 +174,18 @@ class LoadConfig:
             raise ConfigError(f"--requests must be at least 1 (got {self.requests})")
         if self.requests is not None and self.requests > MAX_SCHEDULED_REQUESTS:
             raise ConfigError(f"--requests above {MAX_SCHEDULED_REQUESTS} is not supported")
-        self.prompt.validate("prompt")
-        self.output.validate("output")
-        if self.burst is not None:
-            self.burst.validate()
+
+    def _validate_sessions(self) -> None:
+        """Multi-turn sessions and the prefix shared within one."""
         if self.sessions < 0:
             raise ConfigError(f"--sessions must be >= 0 (got {self.sessions})")
         if self.shared_prefix_tokens < 0:
             raise ConfigError(f"--shared-prefix-tokens must be >= 0 (got {self.shared_prefix_tokens})")
         if self.shared_prefix_tokens and not self.sessions and self.replay_path is None:
             raise ConfigError("--shared-prefix-tokens needs --sessions N (the prefix is shared within a session)")
-        self.slo.validate()
+
+    def _validate_client(self) -> None:
+        """The client's own limits: per-request timeout, concurrency, the chars-per-token tokenizer."""
         if not math.isfinite(self.timeout_s) or self.timeout_s <= 0:
             raise ConfigError(f"--timeout must be > 0 seconds (got {self.timeout_s})")
         if self.max_inflight < 1:

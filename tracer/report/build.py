@@ -21,8 +21,8 @@ from tracer.report.decide import Decision, candidate_layouts, combine_windows, d
 from tracer.report.estimate import estimate_gaps, estimate_steps
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
+from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.vocabulary import Verdict
 
 # Stated as assumptions whenever they are used.
@@ -253,7 +253,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
     if check:
         found.evidence.append(_model_check_line(check, slo))
-    decided = dict(goodput=goodput, network=network, windows=window_results)
+    decided: dict[str, Any] = dict(goodput=goodput, network=network, windows=window_results)
     if final.verdict == Verdict.INSUFFICIENT_DATA:
         return found.report(Verdict.INSUFFICIENT_DATA, final.reasons, **decided)
     failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)

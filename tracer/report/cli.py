@@ -58,10 +58,10 @@ def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_g
                    margin, prometheus_url, since_s, skip_bad, sim_requests, confidence_resamples, fmt, output) -> None:  # type: ignore[no-untyped-def]
     """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
     from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
-    from tracer.report.tables import TraceDataError
     from tracer.report.prometheus import PrometheusError, pool_evidence
     from tracer.report.render import headline, render
     from tracer.report.simulate import SLO
+    from tracer.report.tables import TraceDataError
     from tracer.traces import TraceFileError
 
     extra: tuple[str, ...] = ()

@@ -17,6 +17,7 @@ from tracer.report.goodput import GoodputResult
 from tracer.report.simulate import Layout
 from tracer.vocabulary import Verdict
 
+
 @dataclass(frozen=True)
 class Decision:
     verdict: str
@@ -180,10 +181,6 @@ def combine_windows(current: Layout, decisions: list[Decision]) -> Decision:
                             True, reasons, chosen.win_margin)
     keep = _keep(current, [f"no change holds in a majority of {len(with_data)} windows ({summary}); keeping the current layout"])
     return keep
-
-
-def _fmt(result: GoodputResult) -> str:
-    return f"{result.layout.label}: {result.goodput_per_gpu:.3g} req/s/GPU"
 
 
 def _short_of(challenger_role: str, challenger: GoodputResult, holder_role: str, holder: GoodputResult, gain: float,

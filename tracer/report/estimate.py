@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracer.report.fit import PrefillFit, StepFit, fit_nonnegative
-from tracer.report.tables import RequestTable
 from tracer.report.simulate import StepCosts
+from tracer.report.tables import RequestTable
 
 
 @dataclass(frozen=True)

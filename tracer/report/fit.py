@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from tracer.report.tables import RequestTable, StepTable, TransferTable
 from tracer.report.simulate import StepCosts
+from tracer.report.tables import RequestTable, StepTable, TransferTable
 
 _STEP_TERMS = ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2")
 

@@ -75,6 +75,7 @@ def search_goodput(
             high = trial
         if low is None:
             return GoodputResult(layout, 0.0, 0.0, None, runs)
+    assert low is not None and high is not None  # both brackets above leave a passing and a failing rate
     for _ in range(bisect_steps):
         middle = (low + high) / 2
         outcome = passes(middle)

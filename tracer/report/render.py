@@ -251,7 +251,7 @@ def render_html(report: Report) -> str:
             parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in body[1:]]
             parts.append("</table>")
         else:
-            parts.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in body) + "</ul>")
+            parts.append("<ul>" + "".join(f"<li>{e(str(line))}</li>" for line in body) + "</ul>")
     parts.append("<h2>Plots</h2>")
     for title, png in _plots(report):
         parts.append(f'<figure><img class="plot" alt="{e(title)}" src="data:image/png;base64,{png}"><figcaption>{e(title)}</figcaption></figure>')

@@ -50,7 +50,7 @@ class StepCosts:
     prefill_s_per_token: float
     prefill_s_per_token2: float = 0.0
 
-    def step_s(self, decode_requests: int, context_tokens: int, prefill_tokens: int,
+    def step_s(self, decode_requests: float, context_tokens: float, prefill_tokens: float,
                prefill_attention_tokens2: float | None = None) -> float:
         """Seconds; `prefill_attention_tokens2` defaults to one prompt's whole prefill (P^2)."""
         attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
@@ -322,7 +322,8 @@ def _run_worker(
             admitted, joining = joining[:room], joining[room:]
             context_sum += _admit(admitted, k, t, decode_need, context_at_decode, finish_heap, out)
             decode_n += len(admitted)
-        prefill_tokens, attention, done = 0, 0, []
+        prefill_tokens, attention = 0, 0
+        done: list[int] = []
         if waiting:
             room = max_running - decode_n - len(joining) if decodes else max_running
             if role == "chunked":

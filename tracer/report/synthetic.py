@@ -309,7 +309,7 @@ def _request_spans(
         s.ATTR_REQUEST_ID: f"req-{r}", s.ATTR_MODE: layout.mode,
         s.ATTR_TTFT_S: float(result.ttft_s[r]),
     }
-    events = []
+    events: list[tuple[str, int, dict[str, Any]]] = []
     if options.include_itl and len(gaps):
         stall_s = 2.0 * float(result.itl_p50_s[r])
         stalls = np.flatnonzero(gaps > stall_s)

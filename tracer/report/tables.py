@@ -433,9 +433,9 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
 
 def _transfer_table(requests: dict[str, _Request]) -> TransferTable:
     # Only transfers with their size measure the link; the others still count in their request's TTFT.
-    rows = [r for r in requests.values() if r.transfer is not None and not np.isnan(r.transfer[1])]
-    kv_bytes = np.array([r.transfer[1] for r in rows], dtype=float)  # type: ignore[index]
-    exposed = np.array([r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]
-    wire = np.array([r.send if not np.isnan(r.send) else r.transfer[0] for r in rows], dtype=float)  # type: ignore[index]
-    prompts = np.array([r.root[2] if r.root else (r.prefill[2] if r.prefill else 0) for r in rows], dtype=float)
+    rows = [(r, r.transfer) for r in requests.values() if r.transfer is not None and not np.isnan(r.transfer[1])]
+    kv_bytes = np.array([transfer[1] for _, transfer in rows], dtype=float)
+    exposed = np.array([transfer[0] for _, transfer in rows], dtype=float)
+    wire = np.array([r.send if not np.isnan(r.send) else transfer[0] for r, transfer in rows], dtype=float)
+    prompts = np.array([r.root[2] if r.root else (r.prefill[2] if r.prefill else 0) for r, _ in rows], dtype=float)
     return TransferTable(kv_bytes, exposed, wire, prompts)

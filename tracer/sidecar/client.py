@@ -26,8 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tracer import spans as s
-from tracer.sidecar import wire
 from tracer.resource import resource_attributes
+from tracer.sidecar import wire
 from tracer.sidecar.auth import TOKEN_ENV
 
 log = logging.getLogger(__name__)

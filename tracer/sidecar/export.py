@@ -156,23 +156,11 @@ class SpanExport:
                 continue
             if vllm is not None and vllm.is_lifecycle(span):
                 out.append(span)
-                stage = vllm.lifecycle_stage(span)
-                if stage is not None:
-                    out.append(stage)
-                    if overlap is not None:
-                        overlap.add(stage)
-                    if self.vllm_span_metrics:
-                        metered.append(stage)
+                self._add_stage(vllm.lifecycle_stage(span), self.vllm_span_metrics, out, metered)
                 continue
             if sglang is not None and sglang.matches(span):
                 out.append(span)
-                stage = sglang.stage_span(span)
-                if stage is not None:
-                    out.append(stage)
-                    if overlap is not None:
-                        overlap.add(stage)
-                    if self.sglang_span_metrics:
-                        metered.append(stage)
+                self._add_stage(sglang.stage_span(span), self.sglang_span_metrics, out, metered)
                 continue
             if is_ours(span):
                 metered.append(span)
@@ -180,6 +168,18 @@ class SpanExport:
                 out.append(span)
         self.metrics.record_many(metered)
         return out
+
+    def _add_stage(self, stage: s.SpanData | None, meter: bool, out: list[s.SpanData],
+                   metered: list[s.SpanData]) -> None:  # fmt: skip
+        """The stage span an adapter made from one engine span, if any: exported, fed to the overlap
+        classifier, and metered when `meter`."""
+        if stage is None:
+            return
+        out.append(stage)
+        if self.overlap is not None:
+            self.overlap.add(stage)
+        if meter:
+            metered.append(stage)
 
     def _export(self, resource: tuple, spans: list[s.SpanData]) -> int:
         if self.traces_file:

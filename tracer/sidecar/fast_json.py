@@ -90,7 +90,7 @@ class LineEncoder:
 
     def _attributes(self, attributes: Mapping[str, Any], error_type: str) -> str:
         keys, pairs = self._keys, self._pairs
-        parts = []
+        parts: list[str] = []
         append = parts.append
         if error_type and ATTR_ERROR_TYPE in attributes:  # as to_readable_span: overwritten in place
             attributes = {**attributes, ATTR_ERROR_TYPE: error_type}

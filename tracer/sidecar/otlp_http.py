@@ -58,18 +58,6 @@ def make_app(
 ) -> web.Application:
     """`on_request(accepted_spans, rejected_spans)` is called after each decoded export (tests, benches)."""
 
-    def answer(content_type: str, rejected: int, message: str = "", status: int = 200) -> web.Response:
-        response = ExportTraceServiceResponse()
-        if rejected or message:
-            response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = message
-        if content_type == JSON:
-            body = "{}" if not (rejected or message) else (
-                '{"partialSuccess":{"rejectedSpans":"%d","errorMessage":%s}}' % (rejected, _json_str(message))
-            )  # fmt: skip
-            return web.Response(status=status, text=body, content_type=JSON)
-        return web.Response(status=status, body=response.SerializeToString(), content_type=PROTOBUF)
-
     async def traces(request: web.Request) -> web.Response:
         if not bearer_ok(token, request.headers.get("Authorization")):
             return web.Response(status=401, text="missing or wrong bearer token")
@@ -96,7 +84,7 @@ def make_app(
                 rejected += len(batch.spans)
         if on_request is not None:
             on_request(accepted, rejected)
-        return answer(content_type, rejected, "sidecar ingest queue full" if rejected else "")
+        return _export_answer(content_type, rejected, "sidecar ingest queue full" if rejected else "")
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = await asyncio.get_running_loop().run_in_executor(
@@ -112,6 +100,21 @@ def make_app(
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/health", health)
     return app
+
+
+def _export_answer(content_type: str, rejected: int, message: str = "", status: int = 200) -> web.Response:
+    """An OTLP ExportTraceServiceResponse in the request's encoding; partial_success only when something was
+    rejected or there is a message."""
+    response = ExportTraceServiceResponse()
+    if rejected or message:
+        response.partial_success.rejected_spans = rejected
+        response.partial_success.error_message = message
+    if content_type == JSON:
+        body = "{}" if not (rejected or message) else (
+            '{"partialSuccess":{"rejectedSpans":"%d","errorMessage":%s}}' % (rejected, _json_str(message))
+        )  # fmt: skip
+        return web.Response(status=status, text=body, content_type=JSON)
+    return web.Response(status=status, body=response.SerializeToString(), content_type=PROTOBUF)
 
 
 def _json_str(text: str) -> str:

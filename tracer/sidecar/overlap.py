@@ -108,7 +108,7 @@ class OverlapClassifier:
         self._clock_s = clock_s
         self.prefill_in_one_step = prefill_in_one_step
         self._workers: dict[tuple[str, str], _Worker] = {}
-        self._children: dict[str, tuple[Any, ...]] = {}
+        self._children: dict[str, _PoolMetrics] = {}
 
     def add(self, stage: s.SpanData) -> None:
         """Note one of our stage spans made from an engine's span (prefill and decode matter; others are
@@ -117,7 +117,8 @@ class OverlapClassifier:
         if not is_prefill and stage.name != s.SPAN_DECODE:
             return
         attrs = stage.attributes
-        key = (attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER))
+        # Attribute values: strings on our stage spans; checked before a new worker is stored under them.
+        key: tuple[Any, Any] = (attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER))
         worker = self._workers.get(key)
         if worker is None:
             if not isinstance(key[0], str) or not isinstance(key[1], str):

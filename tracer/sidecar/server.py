@@ -17,6 +17,7 @@ import gc
 import logging
 import threading
 from dataclasses import dataclass, field
+from wsgiref.simple_server import WSGIServer
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -118,7 +119,7 @@ class Sidecar:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._http_runner: web.AppRunner | None = None
         self._http_thread: threading.Thread | None = None
-        self._metrics_server = None
+        self._metrics_server: WSGIServer | None = None
         self._gpu: GpuSampler | None = None
 
     def _tail_sampler(self, config: SidecarConfig) -> TailSampler | None:

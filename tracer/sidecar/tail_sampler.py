@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tracer import spans as s
@@ -34,13 +34,15 @@ DECIDED_AT_ROOT = "root"  # the root came (a drop: and the grace after it passed
 DECIDED_AT_TIMEOUT = "timeout"
 DECIDED_BUFFER_FULL = "buffer_full"
 
-Released = list[tuple[Hashable, list[s.SpanData]]]  # (resource, spans) to export now
+# A batch's resource: its (key, value) attribute pairs (ingest_queue.resource_key), what the export groups by.
+Resource = tuple
+Released = list[tuple[Resource, list[s.SpanData]]]  # (resource, spans) to export now
 
 
 @dataclass
 class _Trace:
     first_seen_s: float
-    spans: dict[Hashable, list[s.SpanData]] = field(default_factory=dict)
+    spans: dict[Resource, list[s.SpanData]] = field(default_factory=dict)
     count: int = 0
     violated: bool = False
     root_seen_s: float | None = None
@@ -88,9 +90,9 @@ class TailSampler:
         """Whether a trace without a violation is kept: its id's lower 64 bits below rate * 2^64."""
         return (trace_id & _LOW_64_BITS) < self._bound
 
-    def offer(self, resource: Hashable, spans: list[s.SpanData]) -> Released:
+    def offer(self, resource: Resource, spans: list[s.SpanData]) -> Released:
         now = self._clock()
-        out: dict[Hashable, list[s.SpanData]] = {}
+        out: dict[Resource, list[s.SpanData]] = {}
         late_kept = late_dropped = 0
         for span in spans:
             if span.name == s.SPAN_STEP:
@@ -127,7 +129,7 @@ class TailSampler:
         """Decide the traces whose root came `root_grace_s` ago, and those whose root has not come within
         the decision timeout."""
         now = self._clock()
-        out: dict[Hashable, list[s.SpanData]] = {}
+        out: dict[Resource, list[s.SpanData]] = {}
         while self._roots and self._roots[0][0] <= now - self.root_grace_s:
             _, trace_id = self._roots.popleft()
             if trace_id in self._pending:
@@ -141,7 +143,7 @@ class TailSampler:
         return list(out.items())
 
     def flush(self) -> Released:
-        out: dict[Hashable, list[s.SpanData]] = {}
+        out: dict[Resource, list[s.SpanData]] = {}
         while self._pending:
             self._decide(next(iter(self._pending)), DECIDED_AT_TIMEOUT, out)
         self._roots.clear()
@@ -150,7 +152,7 @@ class TailSampler:
     def _keep(self, trace_id: int, trace: _Trace) -> bool:
         return (self.keep_violations and trace.violated) or self.sampled(trace_id)
 
-    def _decide(self, trace_id: int, reason: str, out: dict[Hashable, list[s.SpanData]]) -> None:
+    def _decide(self, trace_id: int, reason: str, out: dict[Resource, list[s.SpanData]]) -> None:
         trace = self._pending.pop(trace_id)
         keep = self._keep(trace_id, trace)
         self.buffered_spans -= trace.count

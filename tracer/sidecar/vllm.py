@@ -173,7 +173,7 @@ class VllmAdapter:
             intervals = [(s.SPAN_KV_TRANSFER, queue), (s.SPAN_DECODE, decode or prefill)]
         else:
             intervals = [(s.SPAN_QUEUE, queue), (s.SPAN_PREFILL, prefill), (s.SPAN_DECODE, decode)]
-        out = []
+        out: list[s.SpanData] = []
         for name, interval in intervals:
             if interval is None:
                 continue
