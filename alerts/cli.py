@@ -23,8 +23,13 @@ def alerts_group() -> None:
 
 @alerts_group.command("build")
 @click.option("--check", "check_only", is_flag=True, help="Write nothing; exit 1 if rules.yaml is stale.")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=RULES_PATH,
-              show_default=True, help="Where to write the rule file.")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=RULES_PATH,
+    show_default=True,
+    help="Where to write the rule file.",
+)
 def build_command(check_only: bool, out: Path) -> None:
     """Render the rule file from alerts/rules.py and alerts/settings.py."""
     text = render_rules_yaml()
@@ -42,12 +47,23 @@ def build_command(check_only: bool, out: Path) -> None:
 
 
 @alerts_group.command("check")
-@click.option("--rules", "rules_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=RULES_PATH, show_default=True, help="Rule file to check.")
+@click.option(
+    "--rules",
+    "rules_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=RULES_PATH,
+    show_default=True,
+    help="Rule file to check.",
+)
 @click.option("--skip-tests", is_flag=True, help="Only `promtool check rules`, not the unit tests.")
-@click.option("--metrics-url", "metrics_urls", multiple=True, metavar="URL",
-              help="Also read this /metrics (an engine's, the sidecar's, the router's) and warn about latency "
-              "histograms whose buckets lack the SLO edge. Repeatable.")
+@click.option(
+    "--metrics-url",
+    "metrics_urls",
+    multiple=True,
+    metavar="URL",
+    help="Also read this /metrics (an engine's, the sidecar's, the router's) and warn about latency "
+    "histograms whose buckets lack the SLO edge. Repeatable.",
+)
 def check_command(rules_path: Path, skip_tests: bool, metrics_urls: tuple[str, ...]) -> None:
     """Run `promtool check rules` and `promtool test rules` (alerts/tests/*.yaml)."""
     for url in metrics_urls:

@@ -40,9 +40,7 @@ def promtool_path() -> str:
 
 def _run(args: list[str], cwd: Path) -> PromtoolResult:
     command = [promtool_path(), *args]
-    completed = subprocess.run(
-        command, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False
-    )
+    completed = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
     return PromtoolResult(command, completed.returncode, completed.stdout + completed.stderr)
 
 

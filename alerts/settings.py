@@ -91,9 +91,7 @@ class AlertSettings:
     def validate(self) -> None:
         """Raise ValueError with one clear line when a threshold cannot work as a rule."""
         if self.ttft_slo_s not in LATENCY_BUCKETS_S:
-            raise ValueError(
-                f"ttft_slo_s={self.ttft_slo_s} is not a latency bucket boundary {LATENCY_BUCKETS_S}"
-            )
+            raise ValueError(f"ttft_slo_s={self.ttft_slo_s} is not a latency bucket boundary {LATENCY_BUCKETS_S}")
         if self.itl_slo_s not in TOKEN_BUCKETS_S:
             raise ValueError(f"itl_slo_s={self.itl_slo_s} is not an ITL bucket boundary {TOKEN_BUCKETS_S}")
         for name in ("slo_objective_ratio", "recommend_attainment_ratio"):

@@ -25,7 +25,9 @@ import torch
 
 def kernel_ms_by_iteration(prof, count: int) -> float:
     """Mean device time per iteration of the profiled region's CUDA kernels (ms)."""
-    total_us = sum(e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and e.key != "ProfilerStep*")
+    total_us = sum(
+        e.device_time_total for e in prof.key_averages() if e.device_time_total > 0 and e.key != "ProfilerStep*"
+    )
     return total_us / 1000 / count
 
 
@@ -60,10 +62,13 @@ def check_durations(iters: int) -> bool:
     clock = CudaEventClock()
     d = 4096
     w = torch.randn(d, d, device="cuda", dtype=torch.bfloat16)
-    shapes = {"prefill (2048 tokens)": torch.randn(2048, d, device="cuda", dtype=torch.bfloat16),
-              "decode (batch 32)": torch.randn(32, d, device="cuda", dtype=torch.bfloat16)}
+    shapes = {
+        "prefill (2048 tokens)": torch.randn(2048, d, device="cuda", dtype=torch.bfloat16),
+        "decode (batch 32)": torch.randn(32, d, device="cuda", dtype=torch.bfloat16),
+    }
     ok = True
     for label, x in shapes.items():
+
         def fn(x=x):
             return x @ w
 
@@ -78,8 +83,10 @@ def check_durations(iters: int) -> bool:
         kernel_ms = kernel_ms_by_iteration(prof, iters)
         error = abs(event_ms - kernel_ms) / kernel_ms
         ok &= error <= 0.05
-        print(f"{label:24s} events {event_ms:8.4f} ms  profiler kernels {kernel_ms:8.4f} ms  "
-              f"difference {error * 100:5.2f}% (target <= 5%)  source={SOURCE_CUDA}")
+        print(
+            f"{label:24s} events {event_ms:8.4f} ms  profiler kernels {kernel_ms:8.4f} ms  "
+            f"difference {error * 100:5.2f}% (target <= 5%)  source={SOURCE_CUDA}"
+        )
     return ok
 
 
@@ -117,8 +124,9 @@ def check_no_sync(steps: int) -> bool:
         torch.cuda.set_sync_debug_mode("default")
     session.shutdown(10.0)
     sources = session.pipeline.emitted
-    print(f"traced loop of {steps} steps under set_sync_debug_mode('error'): no synchronisation; "
-          f"{sources} spans emitted")
+    print(
+        f"traced loop of {steps} steps under set_sync_debug_mode('error'): no synchronisation; {sources} spans emitted"
+    )
     return True
 
 

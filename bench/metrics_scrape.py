@@ -127,7 +127,9 @@ def main() -> None:
                 else:
                     results[condition].append(run_load_sync(config))
                 cpu_s[condition] += server_cpu_s(server.pid) - cpu_before
-                print(f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True)
+                print(
+                    f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True
+                )
     finally:
         server.terminate()
         server.wait(30)
@@ -147,15 +149,23 @@ def main() -> None:
     # their spread is the machine's noise.
     paired = [(pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
               for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
-    print("per round: TTFT p90 " + ", ".join(f"{t:.2f}" for t, _ in paired)
-          + "; gap p99 " + ", ".join(f"{g:.2f}" for _, g in paired))
+    print(
+        "per round: TTFT p90 "
+        + ", ".join(f"{t:.2f}" for t, _ in paired)
+        + "; gap p99 "
+        + ", ".join(f"{g:.2f}" for _, g in paired)
+    )
     extra_cpu_ms = (cpu_s["scraped"] - cpu_s["unscraped"]) * 1000 / max(total_scrapes, 1)
-    print(f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
-          f"{extra_cpu_ms:.1f} ms more per scrape")
+    print(
+        f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
+        f"{extra_cpu_ms:.1f} ms more per scrape"
+    )
     scraping_s = sum(s.stopped - s.started for s in scrapes)
-    print(f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
-          f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
-          f"scrape time p50 {np.percentile(scrape_s, 50) * 1000:.1f} ms, p99 {np.percentile(scrape_s, 99) * 1000:.1f} ms")
+    print(
+        f"scrapes: {total_scrapes} ({total_scrapes / scraping_s:.2f}/s while scraped), "
+        f"{sum(s.bytes for s in scrapes) / max(total_scrapes, 1) / 1024:.0f} KiB each, "
+        f"scrape time p50 {np.percentile(scrape_s, 50) * 1000:.1f} ms, p99 {np.percentile(scrape_s, 99) * 1000:.1f} ms"
+    )
 
 
 if __name__ == "__main__":

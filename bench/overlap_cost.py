@@ -98,8 +98,13 @@ def one_round(spans: list[s.SpanData], classify: bool, workdir: Path) -> tuple[f
     overlap = TimedClassifier(catalogue, clock_s=clock) if classify else None
     queue = IngestQueue(len(spans) + 1, lambda reason, n: None)
     traces = workdir / f"round-{time.monotonic_ns()}.jsonl"
-    export = SpanExport(queue, MetricsRecorder(catalogue), traces_file=str(traces),
-                        vllm=VllmAdapter(worker="vllm-0", models=vllm.ModelNames("bench")), overlap=overlap)
+    export = SpanExport(
+        queue,
+        MetricsRecorder(catalogue),
+        traces_file=str(traces),
+        vllm=VllmAdapter(worker="vllm-0", models=vllm.ModelNames("bench")),
+        overlap=overlap,
+    )
     resource = (("service.name", "vllm"),)
     for i in range(0, len(spans), BATCH_SPANS):
         queue.offer(Batch(resource, spans[i : i + BATCH_SPANS]))
@@ -140,8 +145,10 @@ def main() -> None:
     print(f"without classifier: {without:,.0f} spans/s (rounds: {', '.join(f'{r:,.0f}' for r in rates[False])})")
     print(f"with classifier:    {with_:,.0f} spans/s (rounds: {', '.join(f'{r:,.0f}' for r in rates[True])})")
     print(f"classification costs {100 * (1 - with_ / without):.1f}% of the export thread's throughput (medians)")
-    print(f"classifier's share of the export thread's CPU time: {100 * statistics.median(cpu_shares):.1f}% "
-          f"(rounds: {', '.join(f'{100 * c:.1f}%' for c in cpu_shares)})")
+    print(
+        f"classifier's share of the export thread's CPU time: {100 * statistics.median(cpu_shares):.1f}% "
+        f"(rounds: {', '.join(f'{100 * c:.1f}%' for c in cpu_shares)})"
+    )
 
 
 if __name__ == "__main__":

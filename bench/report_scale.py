@@ -65,24 +65,39 @@ def main() -> None:
         n_requests = max(20, args.spans // _SPANS_PER_REQUEST)
         workload = synthetic_workload(n_requests, 6.0, prompt_tokens=(800, 1600), output_tokens=(50, 150), seed=11)
         write_traces(path, Layout("colocated", workers=4), workload, ground_truth_costs(), noise_sigma=0.05, seed=11)
-        print(f"generated {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - started:.1f} s (not part of the figures)")
+        print(
+            f"generated {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - started:.1f} s (not part of the figures)"
+        )
     figures = _child(path, "typed")
-    print(f"file: {path.stat().st_size / 2**20:.0f} MiB, {figures['spans']} spans ({figures['requests']} requests, {figures['steps']} steps)")
+    print(
+        f"file: {path.stat().st_size / 2**20:.0f} MiB, {figures['spans']} spans ({figures['requests']} requests, {figures['steps']} steps)"
+    )
     print(f"verdict: {figures['verdict']}")
-    print(f"total {figures['total_s']:.1f} s (target 15 s: {figures['total_s'] / 15:.2f}x of budget); "
-          f"peak RSS {figures['peak_rss_bytes'] / 2**30:.2f} GiB (target 1 GiB: {figures['peak_rss_bytes'] / 2**30:.2f}x)")
-    print(f"load {figures['load_s']:.1f} s ({figures['load_s'] / figures['total_s']:.0%} of total, "
-          f"{figures['spans'] / figures['load_s']:,.0f} spans/s); decide {figures['decide_s']:.1f} s; render json {figures['render_json_s']:.2f} s")
+    print(
+        f"total {figures['total_s']:.1f} s (target 15 s: {figures['total_s'] / 15:.2f}x of budget); "
+        f"peak RSS {figures['peak_rss_bytes'] / 2**30:.2f} GiB (target 1 GiB: {figures['peak_rss_bytes'] / 2**30:.2f}x)"
+    )
+    print(
+        f"load {figures['load_s']:.1f} s ({figures['load_s'] / figures['total_s']:.0%} of total, "
+        f"{figures['spans'] / figures['load_s']:,.0f} spans/s); decide {figures['decide_s']:.1f} s; render json {figures['render_json_s']:.2f} s"
+    )
     if args.compare_generic_reader:
         generic = _child(path, "generic")
-        print(f"generic reader: load {generic['load_s']:.1f} s, total {generic['total_s']:.1f} s, peak RSS "
-              f"{generic['peak_rss_bytes'] / 2**30:.2f} GiB, verdict {generic['verdict']}; typed/generic load time "
-              f"{figures['load_s'] / generic['load_s']:.2f}")
+        print(
+            f"generic reader: load {generic['load_s']:.1f} s, total {generic['total_s']:.1f} s, peak RSS "
+            f"{generic['peak_rss_bytes'] / 2**30:.2f} GiB, verdict {generic['verdict']}; typed/generic load time "
+            f"{figures['load_s'] / generic['load_s']:.2f}"
+        )
 
 
 def _child(path: Path, reader: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), reader], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(path), reader],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

@@ -47,16 +47,62 @@ def record_mix(requests: int) -> list[s.SpanData]:
     for r in range(requests):
         trace_id, parent = s.new_trace_id(), s.new_span_id()
         out.append(s.SpanData(s.SPAN_QUEUE, 1, trace_id, s.new_span_id(), parent, t, t + 2_000_000, dict(common)))
-        out.append(s.SpanData(s.SPAN_PREFILL, 1, trace_id, s.new_span_id(), parent, t + 2_000_000, t + 40_000_000,
-                              {**common, s.ATTR_PREFILL_TOKENS: 512 + r % 1024, s.ATTR_PREFILL_CACHED_TOKENS: 64, s.ATTR_PREFILL_CHUNKS: 1}))
+        out.append(
+            s.SpanData(
+                s.SPAN_PREFILL,
+                1,
+                trace_id,
+                s.new_span_id(),
+                parent,
+                t + 2_000_000,
+                t + 40_000_000,
+                {
+                    **common,
+                    s.ATTR_PREFILL_TOKENS: 512 + r % 1024,
+                    s.ATTR_PREFILL_CACHED_TOKENS: 64,
+                    s.ATTR_PREFILL_CHUNKS: 1,
+                },
+            )
+        )
         gaps = [0.02 + (i % 3) * 0.001 for i in range(16)]
-        out.append(s.SpanData(s.SPAN_DECODE, 1, trace_id, s.new_span_id(), parent, t + 40_000_000, t + 400_000_000,
-                              {**common, s.ATTR_OUTPUT_TOKENS: 17, s.ATTR_DECODE_ITL_P50_S: 0.021, s.ATTR_DECODE_ITL_P99_S: 0.022,
-                               s.ATTR_DECODE_ITL_MAX_S: 0.022, s.ATTR_DECODE_STALLS: 0}, samples={"itl_gaps_s": gaps}))
+        out.append(
+            s.SpanData(
+                s.SPAN_DECODE,
+                1,
+                trace_id,
+                s.new_span_id(),
+                parent,
+                t + 40_000_000,
+                t + 400_000_000,
+                {
+                    **common,
+                    s.ATTR_OUTPUT_TOKENS: 17,
+                    s.ATTR_DECODE_ITL_P50_S: 0.021,
+                    s.ATTR_DECODE_ITL_P99_S: 0.022,
+                    s.ATTR_DECODE_ITL_MAX_S: 0.022,
+                    s.ATTR_DECODE_STALLS: 0,
+                },
+                samples={"itl_gaps_s": gaps},
+            )
+        )
         for i in range(8):
-            out.append(s.SpanData(s.SPAN_STEP, 1, 99, s.new_span_id(), 0, t + i * 25_000_000, t + i * 25_000_000 + 20_000_000,
-                                  {**common, s.ATTR_STEP_DECODE_REQUESTS: 8, s.ATTR_STEP_PREFILL_TOKENS: 512 if i == 0 else 0,
-                                   s.ATTR_STEP_CONTEXT_TOKENS: 4000 + i}))
+            out.append(
+                s.SpanData(
+                    s.SPAN_STEP,
+                    1,
+                    99,
+                    s.new_span_id(),
+                    0,
+                    t + i * 25_000_000,
+                    t + i * 25_000_000 + 20_000_000,
+                    {
+                        **common,
+                        s.ATTR_STEP_DECODE_REQUESTS: 8,
+                        s.ATTR_STEP_PREFILL_TOKENS: 512 if i == 0 else 0,
+                        s.ATTR_STEP_CONTEXT_TOKENS: 4000 + i,
+                    },
+                )
+            )
         t += 10_000_000
     return out  # fmt: skip
 
@@ -86,18 +132,23 @@ _CONNECT = """
     sys.stdin.readline()
 """
 
-UNIX_CLIENT = textwrap.dedent("""
+UNIX_CLIENT = textwrap.dedent(
+    """
     import socket, sys
     from tracer.sidecar import wire
     path, frames_file = sys.argv[1], sys.argv[2]
     data = open(frames_file, "rb").read()
-""" + _CONNECT + """
+"""
+    + _CONNECT
+    + """
     sock.sendall(data)
     sock.close()
-""")
+"""
+)
 
 
-PACED_CLIENT = textwrap.dedent("""
+PACED_CLIENT = textwrap.dedent(
+    """
     import socket, sys, time
     from tracer.sidecar import wire
     path, frames_file, frame_records, rate = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
@@ -107,7 +158,9 @@ PACED_CLIENT = textwrap.dedent("""
         (length,) = wire.FRAME_HEADER.unpack_from(data, offset)
         frames.append(data[offset : offset + 4 + length])
         offset += 4 + length
-""" + _CONNECT + """
+"""
+    + _CONNECT
+    + """
     start = time.perf_counter()
     for i, frame in enumerate(frames):
         due = start + i * frame_records / rate
@@ -116,7 +169,8 @@ PACED_CLIENT = textwrap.dedent("""
         sock.sendall(frame)
     sys.stdout.write(f"{time.perf_counter() - start}\\n"); sys.stdout.flush()
     sock.close()
-""")
+"""
+)
 
 
 def bench_unix_paced(records: list[s.SpanData], workdir: Path, rate: float) -> tuple[float, float, float]:
@@ -241,10 +295,16 @@ def main() -> None:
         http_rate, http_drops = bench_otlp("http", args.otlp_spans, workdir)
         grpc_rate, grpc_drops = bench_otlp("grpc", args.otlp_spans, workdir)
     print(f"machine: {os.cpu_count()} cores; records: {len(records):,} ({RECORDS_PER_REQUEST} per request)")
-    print(f"unix socket -> file : {unix_rate:>10,.0f} records/s  (target 100,000: {unix_rate / 100_000:.2f}x; drops {unix_drops:.0f})")
-    print(f"paced 100,000 records/s for {paced[0]:.1f} s (default queue bound): drops {paced[2]:.0f}, "
-          f"last record written {paced[1] * 1000:.0f} ms after the last one was sent")
-    print(f"SDK path (in-process LocalSink -> file): {sdk_rate:>10,.0f} records/s; fast path / SDK path = {unix_rate / sdk_rate:.1f}x")
+    print(
+        f"unix socket -> file : {unix_rate:>10,.0f} records/s  (target 100,000: {unix_rate / 100_000:.2f}x; drops {unix_drops:.0f})"
+    )
+    print(
+        f"paced 100,000 records/s for {paced[0]:.1f} s (default queue bound): drops {paced[2]:.0f}, "
+        f"last record written {paced[1] * 1000:.0f} ms after the last one was sent"
+    )
+    print(
+        f"SDK path (in-process LocalSink -> file): {sdk_rate:>10,.0f} records/s; fast path / SDK path = {unix_rate / sdk_rate:.1f}x"
+    )
     print(f"OTLP/HTTP protobuf -> file : {http_rate:>10,.0f} spans/s (drops {http_drops:.0f})")
     print(f"OTLP/gRPC -> file          : {grpc_rate:>10,.0f} spans/s (drops {grpc_drops:.0f})")
 

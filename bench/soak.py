@@ -76,7 +76,9 @@ def metrics(url: str) -> dict[str, float]:
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             if sample.name == "splitscope_tracer_dropped_records_total":
-                out[f"dropped_{sample.labels['reason']}"] = out.get(f"dropped_{sample.labels['reason']}", 0.0) + sample.value
+                out[f"dropped_{sample.labels['reason']}"] = (
+                    out.get(f"dropped_{sample.labels['reason']}", 0.0) + sample.value
+                )
             elif sample.name == "splitscope_tracer_pending_records":
                 out["pending_records"] += sample.value
             elif sample.name == "splitscope_kv_transfer_failures_total":
@@ -152,15 +154,19 @@ def markdown(result: dict) -> str:
     lines = [
         "## Soak",
         "",
-        (f"`python bench/soak.py` ({cfg['duration_s']:.0f} s, {cfg['preset']} preset, disaggregated 1 prefill + 2 decode "
-         f"workers, {cfg['rate']:g} req/s Poisson with lognormal lengths, shared-prefix sessions and bursts of "
-         f"{cfg['burst']} long prompts; OTLP/HTTP collector SIGKILLed for {cfg['outage_s']:g} s every "
-         f"{cfg['outage_every_s']:g} s, {result['collector_outages']} outages; export queues of {cfg['export_queue']} spans). "
-         "Same run for every figure below."),
+        (
+            f"`python bench/soak.py` ({cfg['duration_s']:.0f} s, {cfg['preset']} preset, disaggregated 1 prefill + 2 decode "
+            f"workers, {cfg['rate']:g} req/s Poisson with lognormal lengths, shared-prefix sessions and bursts of "
+            f"{cfg['burst']} long prompts; OTLP/HTTP collector SIGKILLed for {cfg['outage_s']:g} s every "
+            f"{cfg['outage_every_s']:g} s, {result['collector_outages']} outages; export queues of {cfg['export_queue']} spans). "
+            "Same run for every figure below."
+        ),
         "",
-        (f"Requests: {load['scheduled']} scheduled, {load['ok']} ok, {load['errors']} errors "
-         f"({', '.join(f'{k} {v}' for k, v in load['errors_by_kind'].items() if v) or 'none'}), "
-         f"{load['skipped_inflight_cap']} skipped at the in-flight cap; {load['output_tokens_per_s']:.0f} output tokens/s."),
+        (
+            f"Requests: {load['scheduled']} scheduled, {load['ok']} ok, {load['errors']} errors "
+            f"({', '.join(f'{k} {v}' for k, v in load['errors_by_kind'].items() if v) or 'none'}), "
+            f"{load['skipped_inflight_cap']} skipped at the in-flight cap; {load['output_tokens_per_s']:.0f} output tokens/s."
+        ),
         "",
         "Drops by reason (all processes, end of run): "
         + ", ".join(f"{r} {last['metrics'][f'dropped_{r}']:.0f}" for r in DROP_REASONS)
@@ -196,8 +202,12 @@ def main() -> None:
     parser.add_argument("--outage-every-s", type=float, default=120.0)
     parser.add_argument("--outage-s", type=float, default=40.0)
     parser.add_argument("--burst", type=int, default=3, help="long prompts per burst (every 30 s)")
-    parser.add_argument("--export-queue", type=int, default=2048,
-                        help="OTEL_BSP_MAX_QUEUE_SIZE of every process (small enough that an outage fills it)")
+    parser.add_argument(
+        "--export-queue",
+        type=int,
+        default=2048,
+        help="OTEL_BSP_MAX_QUEUE_SIZE of every process (small enough that an outage fills it)",
+    )
     parser.add_argument("--workdir", type=Path, default=REPO_ROOT / "runs" / "soak")
     parser.add_argument("--out", type=Path, default=None, help="write the JSON result here")
     parser.add_argument("--markdown", action="store_true", help="print the RESULTS.md section")
@@ -208,8 +218,11 @@ def main() -> None:
 
     collector = Collector(free_port(), args.workdir)
     collector.start()
-    os.environ.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}", OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
-                      OTEL_BSP_MAX_QUEUE_SIZE=str(args.export_queue))
+    os.environ.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_BSP_MAX_QUEUE_SIZE=str(args.export_queue),
+    )
     traces_file = args.workdir / "traces.jsonl"
     traces_file.unlink(missing_ok=True)
     server = ServerProcess(["--preset", args.preset, "--mode", "disaggregated", "--prefill-workers", "1",
@@ -226,7 +239,9 @@ def main() -> None:
         )  # fmt: skip
         progress = RunProgress()
         outcome: dict = {}
-        load_thread = threading.Thread(target=lambda: outcome.update(result=run_load_sync(config, progress=progress)), daemon=True)
+        load_thread = threading.Thread(
+            target=lambda: outcome.update(result=run_load_sync(config, progress=progress)), daemon=True
+        )
         started = time.monotonic()
         load_thread.start()
         samples: list[dict] = []

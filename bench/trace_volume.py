@@ -136,7 +136,9 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     workload = Workload(duration_s=args.duration)
     slo = SLO(args.slo_ttft, args.slo_itl)
-    print(f"{args.layout}, {args.preset}, demo workload for {args.duration:g} s, SLO ttft {slo.ttft_s:g} s itl {slo.itl_s:g} s")
+    print(
+        f"{args.layout}, {args.preset}, demo workload for {args.duration:g} s, SLO ttft {slo.ttft_s:g} s itl {slo.itl_s:g} s"
+    )
     full = run(folder, args.preset, args.layout, workload, slo, 1)
     sampled = run(folder, args.preset, args.layout, workload, slo, DEFAULT_DECODE_SAMPLE_EVERY)
     rows = [
@@ -152,8 +154,10 @@ def main() -> None:
         print(f"{label:<70} {row['requests']:>8} {row['violators']:>9} {row['spans']:>7} "
               f"{row['json_per_request']:>10,.0f} {row['protobuf_per_request']:>11,.0f}")  # fmt: skip
     steady = rows[-1][1]
-    print(f"\nsteady state: {steady['protobuf_per_request']:,.0f} B/request OTLP protobuf, "
-          f"{steady['json_per_request']:,.0f} B/request OTLP/JSON (target {TARGET_BYTES_PER_REQUEST} B)")
+    print(
+        f"\nsteady state: {steady['protobuf_per_request']:,.0f} B/request OTLP protobuf, "
+        f"{steady['json_per_request']:,.0f} B/request OTLP/JSON (target {TARGET_BYTES_PER_REQUEST} B)"
+    )
     options = ReportOptions(slo, kv_bytes_per_token=_kv_bytes_per_token(args.preset), max_batch=ServeConfig.max_batch)
     for label, path in (("every step span", full), ("sampled step spans", sampled)):
         print(f"report on {label}: {headline(build_report([path], options))}")

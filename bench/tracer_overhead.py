@@ -132,7 +132,9 @@ def decode_loop(tracer, steps: int, dim: int, batch: int = 8, layers: int = 8) -
 
 def bench_loop(steps: int, repeats: int, dim: int) -> tuple[list[float], list[float]]:
     registry = CollectorRegistry()
-    on_session = start_tracing("colocated", "w0", catalogue=Catalogue(registry), processors=[BatchSpanProcessor(DiscardExporter())])
+    on_session = start_tracing(
+        "colocated", "w0", catalogue=Catalogue(registry), processors=[BatchSpanProcessor(DiscardExporter())]
+    )
     off_session = start_tracing("colocated", "w0", enabled=False)
     decode_loop(on_session.tracer, steps // 4, dim), decode_loop(off_session.tracer, steps // 4, dim)  # warm up
     on, off = [], []
@@ -170,10 +172,14 @@ def main() -> None:
         ratios = [a / b for a, b in zip(on, off)]
         step_ms = 1000 / statistics.median(off)
         print(f"decode-like loop ({label}, step {step_ms:.2f} ms, every step a span):")
-        print(f"  tracing off {statistics.median(off):8.0f} steps/s, on {statistics.median(on):8.0f} steps/s "
-              f"(median of {args.repeats})")
-        print(f"  throughput ratio on/off: {statistics.median(ratios):.3f} "
-              f"(per pair: {', '.join(f'{r:.3f}' for r in ratios)}; target >= 0.98)")
+        print(
+            f"  tracing off {statistics.median(off):8.0f} steps/s, on {statistics.median(on):8.0f} steps/s "
+            f"(median of {args.repeats})"
+        )
+        print(
+            f"  throughput ratio on/off: {statistics.median(ratios):.3f} "
+            f"(per pair: {', '.join(f'{r:.3f}' for r in ratios)}; target >= 0.98)"
+        )
 
 
 if __name__ == "__main__":

@@ -98,8 +98,14 @@ SHAPES = {
     "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=1.5, slo_itl_s=0.15),
     # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
     # step stalls every decode beside it past the inter-token objective.
-    "bursts": Shape("bursts", prompt_tokens=64, output_tokens=64, base_rate_rps=2.0, traced_rate_rps=1.0,
-                    burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1024)),
+    "bursts": Shape(
+        "bursts",
+        prompt_tokens=64,
+        output_tokens=64,
+        base_rate_rps=2.0,
+        traced_rate_rps=1.0,
+        burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1024),
+    ),
 }
 
 
@@ -211,7 +217,9 @@ def run_schedule(url: str, schedule: list[dict], shape: Shape, workdir: Path, se
 # --------------------------------------------------------------------------------------- the search
 
 
-def rate_grid_rps(center_rps: float, step: float, below: int, above: int, floor_rps: float, ceiling_rps: float) -> list[float]:
+def rate_grid_rps(
+    center_rps: float, step: float, below: int, above: int, floor_rps: float, ceiling_rps: float
+) -> list[float]:
     """Rates center * step^k for k in [-below, above], within [floor, ceiling], ascending."""
     rates = [center_rps * step**k for k in range(-below, above + 1)]
     return [r for r in rates if floor_rps <= r <= ceiling_rps] or [min(max(center_rps, floor_rps), ceiling_rps)]
@@ -375,8 +383,10 @@ def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence
         for judge, attr in (("span", "measured_bracket_per_gpu"), ("client", "client_bracket_per_gpu")):
             low, high = goodput_from_points(row.points, shape.slo.attainment, judge)
             setattr(row, attr, (low / workers, high / workers))
-        log(f"{row.label}: measured {row.measured_per_gpu:.3f} req/s/GPU (bracket {row.measured_bracket_per_gpu}, "
-            f"on chunk gaps {row.client_bracket_per_gpu})")
+        log(
+            f"{row.label}: measured {row.measured_per_gpu:.3f} req/s/GPU (bracket {row.measured_bracket_per_gpu}, "
+            f"on chunk gaps {row.client_bracket_per_gpu})"
+        )
     return ShapeResult(shape.name, len(schedule), workers, step, report.verdict, report.unconfirmed,
                        report.model_check, rows, load_before, _load1(), time.monotonic() - started)  # fmt: skip
 
@@ -404,9 +414,11 @@ def markdown(result: ShapeResult) -> str:
                      f"{row.error:+.0%} | {c_low:.3f} / {c_high:.3f} |")  # fmt: skip
     lines += [
         "",
-        (f"predicted best: {result.predicted_best.label}; measured best: {result.measured_best.label}; "
-         f"agree within the search's resolution (x{result.step:g}): {'yes' if result.best_agrees else 'NO'}. "
-         f"Load average (1 min) {result.load_before:.2f} before, {result.load_after:.2f} after; {result.seconds:.0f} s."),
+        (
+            f"predicted best: {result.predicted_best.label}; measured best: {result.measured_best.label}; "
+            f"agree within the search's resolution (x{result.step:g}): {'yes' if result.best_agrees else 'NO'}. "
+            f"Load average (1 min) {result.load_before:.2f} before, {result.load_after:.2f} after; {result.seconds:.0f} s."
+        ),
     ]
     return "\n".join(lines)
 

@@ -54,7 +54,8 @@ def stale_files(out_dir: Path = GENERATED_DIR) -> list[str]:
     """Names whose file in `out_dir` is missing or differs from a fresh render, plus stray *.json files."""
     rendered = render_all()
     stale = [
-        name for name, text in rendered.items()
+        name
+        for name, text in rendered.items()
         if not (out_dir / name).is_file() or (out_dir / name).read_text(encoding="utf-8") != text
     ]
     strays = sorted(p.name for p in out_dir.glob("*.json") if p.name not in rendered) if out_dir.is_dir() else []

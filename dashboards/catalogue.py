@@ -120,7 +120,4 @@ def referenced_metrics() -> set[str]:
         selected |= selector_names(grafana_to_promql(expr))
     for _, expr in rule_queries():
         selected |= selector_names(expr)
-    return {
-        family_name(name) for name in selected
-        if ":" not in name and name not in PROMETHEUS_SYNTHETIC
-    }
+    return {family_name(name) for name in selected if ":" not in name and name not in PROMETHEUS_SYNTHETIC}

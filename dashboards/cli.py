@@ -15,10 +15,17 @@ def dashboards_group() -> None:
 
 
 @dashboards_group.command("build")
-@click.option("--check", "check_only", is_flag=True,
-              help="Write nothing; exit 1 if the JSON in the output folder is stale.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=GENERATED_DIR,
-              show_default=True, help="Folder for the generated JSON.")
+@click.option(
+    "--check", "check_only", is_flag=True, help="Write nothing; exit 1 if the JSON in the output folder is stale."
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=GENERATED_DIR,
+    show_default=True,
+    help="Folder for the generated JSON.",
+)
 def build_command(check_only: bool, out_dir: Path) -> None:
     """Render every dashboard to JSON."""
     if check_only:

@@ -48,8 +48,9 @@ def prom_query(expr: str, legend: str = "", exemplar: bool = False) -> prometheu
     return query.exemplar(exemplar)
 
 
-def quantile_query(quantile: float, histogram: str, by: str, matchers: str, legend: str,
-                   exemplar: bool = True) -> prometheus.Dataquery:
+def quantile_query(
+    quantile: float, histogram: str, by: str, matchers: str, legend: str, exemplar: bool = True
+) -> prometheus.Dataquery:
     """`histogram_quantile` of a classic histogram over `$__rate_interval`, grouped by the deployment labels,
     `by` and `le`."""
     grouping = ", ".join(part for part in (DEPLOYMENT, by, "le") if part)
@@ -91,9 +92,7 @@ def default_timeseries(title: str, unit: str, description: str) -> timeseries.Pa
             .calcs(["mean", "max"])
         )
         .tooltip(
-            common_builders.VizTooltipOptions()
-            .mode(common.TooltipDisplayMode.MULTI)
-            .sort(common.SortOrder.DESCENDING)
+            common_builders.VizTooltipOptions().mode(common.TooltipDisplayMode.MULTI).sort(common.SortOrder.DESCENDING)
         )
     )
 
@@ -104,9 +103,7 @@ def with_slo_line(panel: timeseries.Panel, slo_value: float) -> timeseries.Panel
         dashboard.ThresholdsConfig()
         .mode(ThresholdsMode.ABSOLUTE)
         .steps([Threshold(value=None, color="green"), Threshold(value=slo_value, color="red")])
-    ).thresholds_style(
-        common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED)
-    )
+    ).thresholds_style(common_builders.GraphThresholdsStyleConfig().mode(common.GraphThresholdsStyleMode.DASHED))
 
 
 def stacked(panel: timeseries.Panel) -> timeseries.Panel:
@@ -163,8 +160,7 @@ def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard
         .with_variable(datasource_variable())
         .with_variable(label_variable("namespace", "namespace", "splitscope_worker_busy_seconds_total", "Deployment"))
         .with_variable(
-            label_variable("model", "gen_ai_request_model", "gen_ai_server_request_duration_seconds_count",
-                           "Model")
+            label_variable("model", "gen_ai_request_model", "gen_ai_server_request_duration_seconds_count", "Model")
         )
         .with_variable(label_variable("pool", "pool", "splitscope_worker_busy_seconds_total", "Pool"))
         .link(

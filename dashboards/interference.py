@@ -63,118 +63,148 @@ def build() -> dashboard.Dashboard:
     )
     return (
         new_dashboard(
-            UID, "splitscope / Interference",
+            UID,
+            "splitscope / Interference",
             "Engine iterations with prefill tokens against decode-only iterations: the cost of colocation.",
         )
         .with_panel(
             default_timeseries(
-                "Step time with and without prefill", "s",
+                "Step time with and without prefill",
+                "s",
                 "Mean engine step time per pool, split by whether the step carried prefill tokens.",
+            ).with_target(
+                mean_query(STEP, "pool, prefill_in_step", POOL, "{{pool}} prefill_in_step={{prefill_in_step}}")
             )
-            .with_target(mean_query(STEP, "pool, prefill_in_step", POOL, "{{pool}} prefill_in_step={{prefill_in_step}}"))
-        )
-        .with_panel(
-            default_timeseries("Step time p95", "s", "95th percentile step time. Click an exemplar for the trace.")
-            .with_target(quantile_query(0.95, STEP, "pool, prefill_in_step", POOL,
-                                        "{{pool}} prefill_in_step={{prefill_in_step}}"))
         )
         .with_panel(
             default_timeseries(
-                "Interference ratio", "x",
+                "Step time p95", "s", "95th percentile step time. Click an exemplar for the trace."
+            ).with_target(
+                quantile_query(
+                    0.95, STEP, "pool, prefill_in_step", POOL, "{{pool}} prefill_in_step={{prefill_in_step}}"
+                )
+            )
+        )
+        .with_panel(
+            default_timeseries(
+                "Interference ratio",
+                "x",
                 "Mean step time with prefill over mean step time without, per pool (alert DecodeInterference "
                 "above 1.5). Batch size and context are not held equal here; `splitscope report` holds them.",
-            )
-            .with_target(prom_query(f"{mean_step('true')} / {mean_step('false')}", "{{pool}}"))
+            ).with_target(prom_query(f"{mean_step('true')} / {mean_step('false')}", "{{pool}}"))
         )
         .with_panel(
             default_timeseries(
-                REQUEST_RATIO_PANEL, "x",
+                REQUEST_RATIO_PANEL,
+                "x",
                 "Engines without step timing (through the sidecar): inside the decodes another request's "
                 "prefill overlapped on the same worker, mean time of the steps that carried a prefill over "
                 "that of the decode-only steps, the same batch and context (alert DecodeInterference "
                 "signal=request_tpot above 1.5).",
-            )
-            .with_target(prom_query(request_ratio, "{{pool}}"))
+            ).with_target(prom_query(request_ratio, "{{pool}}"))
         )
         .with_panel(
             default_timeseries(
-                REQUEST_TPOT_PANEL, "s",
+                REQUEST_TPOT_PANEL,
+                "s",
                 "Engines without step timing (through the sidecar): mean time per output token of finished "
                 "requests whose decode another request's prefill overlapped on the same worker, and of those "
                 "it did not. Overlapped requests also run at busier times, so this ratio mixes load with "
                 f"interference; '{REQUEST_RATIO_PANEL}' compares steps inside the same decodes.",
+            ).with_target(
+                mean_query(
+                    DECODE_TPOT_HISTOGRAM,
+                    f"pool, {PREFILL_OVERLAP_LABEL}",
+                    POOL,
+                    f"{{{{pool}}}} prefill_overlap={{{{{PREFILL_OVERLAP_LABEL}}}}}",
+                )
             )
-            .with_target(mean_query(DECODE_TPOT_HISTOGRAM, f"pool, {PREFILL_OVERLAP_LABEL}", POOL,
-                                    f"{{{{pool}}}} prefill_overlap={{{{{PREFILL_OVERLAP_LABEL}}}}}"))
         )
         .with_panel(
             default_timeseries(
-                REQUEST_OVERLAP_PANEL, "short",
+                REQUEST_OVERLAP_PANEL,
+                "short",
                 "k/N: steps that carried a prefill per decode step of overlapped requests (the TPOT ratio "
                 "matching the 1.5x step factor is 1 + 0.5 k/N), and the overlapping prefills' uncached tokens "
                 "per decode step. Late: prefills per second that arrived after a decode they overlapped was "
                 "classified (raise the sidecar's --overlap-hold if it grows); unclassified: decodes per second "
                 "dropped because the classifier's hold was full.",
             )
-            .with_target(prom_query(f"{prefill_steps} / {pool_rate(DECODE_STEPS_COUNTER, overlapped)}",
-                                    "{{pool}} k/N"))
-            .with_target(prom_query(
-                f"{pool_rate(OVERLAP_PREFILL_TOKENS_COUNTER)} / {pool_rate(DECODE_STEPS_COUNTER, overlapped)}",
-                "{{pool}} prefill tokens per decode step"))
+            .with_target(prom_query(f"{prefill_steps} / {pool_rate(DECODE_STEPS_COUNTER, overlapped)}", "{{pool}} k/N"))
+            .with_target(
+                prom_query(
+                    f"{pool_rate(OVERLAP_PREFILL_TOKENS_COUNTER)} / {pool_rate(DECODE_STEPS_COUNTER, overlapped)}",
+                    "{{pool}} prefill tokens per decode step",
+                )
+            )
             .with_target(prom_query(pool_rate(OVERLAP_LATE_PREFILLS_COUNTER), "{{pool}} late prefills/s"))
             .with_target(prom_query(pool_rate(OVERLAP_UNCLASSIFIED_COUNTER), "{{pool}} unclassified/s"))
         )
         .with_panel(
             default_timeseries(
-                "Prefill share of step time", "percentunit",
+                "Prefill share of step time",
+                "percentunit",
                 "Share of step time spent in steps that carry prefill: high favours a split, low favours "
                 "chunked prefill.",
             )
-            .min(0).max(1)
-            .with_target(prom_query(
-                f'sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}, prefill_in_step="true"}}[{RATE}]))'
-                f" / sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}}}[{RATE}]))",
-                "{{pool}}",
-            ))
+            .min(0)
+            .max(1)
+            .with_target(
+                prom_query(
+                    f'sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}, prefill_in_step="true"}}[{RATE}]))'
+                    f" / sum by ({DEPLOYMENT}, pool) (rate({STEP}_sum{{{POOL}}}[{RATE}]))",
+                    "{{pool}}",
+                )
+            )
         )
         .with_panel(
             default_timeseries(
-                REQUEST_PREFILL_SHARE_PANEL, "percentunit",
+                REQUEST_PREFILL_SHARE_PANEL,
+                "percentunit",
                 "Engines without step timing (through the sidecar): time with at least one request in prefill "
                 "over time with any request running, per pool, from request spans (what the recommendations "
                 "read there in place of the prefill share of step time).",
             )
-            .min(0).max(1)
-            .with_target(prom_query(
-                f"{pool_rate(WORKER_PREFILL_BUSY_COUNTER)} / ({pool_rate(WORKER_BUSY_COUNTER)}"
-                f" and {pool_rate(WORKER_PREFILL_BUSY_COUNTER)})",
-                "{{pool}}",
-            ))
+            .min(0)
+            .max(1)
+            .with_target(
+                prom_query(
+                    f"{pool_rate(WORKER_PREFILL_BUSY_COUNTER)} / ({pool_rate(WORKER_BUSY_COUNTER)}"
+                    f" and {pool_rate(WORKER_PREFILL_BUSY_COUNTER)})",
+                    "{{pool}}",
+                )
+            )
         )
         .with_panel(
-            default_timeseries("Steps per second", "short", "Engine iterations per second by kind.")
-            .with_target(prom_query(
-                f"sum by ({DEPLOYMENT}, pool, prefill_in_step) (rate({STEP}_count{{{POOL}}}[{RATE}]))",
-                "{{pool}} prefill_in_step={{prefill_in_step}}",
-            ))
+            default_timeseries("Steps per second", "short", "Engine iterations per second by kind.").with_target(
+                prom_query(
+                    f"sum by ({DEPLOYMENT}, pool, prefill_in_step) (rate({STEP}_count{{{POOL}}}[{RATE}]))",
+                    "{{pool}} prefill_in_step={{prefill_in_step}}",
+                )
+            )
         )
         .with_panel(
             default_timeseries(
-                "Decode stalls", "short",
+                "Decode stalls",
+                "short",
                 f"Token gaps longer than the inter-token SLO ({ITL_SLO_S:g} s) per second, per pool. Each "
                 "stall is a `splitscope.decode.stall` event in the request's trace.",
+            ).with_target(
+                prom_query(
+                    f"sum by ({DEPLOYMENT}, pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
+                    f" - sum by ({DEPLOYMENT}, pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))",
+                    "{{pool}}",
+                )
             )
-            .with_target(prom_query(
-                f"sum by ({DEPLOYMENT}, pool) (rate({ITL}_count{{{POOL}}}[{RATE}]))"
-                f" - sum by ({DEPLOYMENT}, pool) (rate({ITL}_bucket{{{POOL}, {le_matcher(ITL_SLO_S)}}}[{RATE}]))",
-                "{{pool}}",
-            ))
         )
         .with_panel(
-            with_slo_line(default_timeseries(
-                "Inter-token latency p99", "s",
-                "What the interference costs users. Click an exemplar for the trace.",
-            ), ITL_SLO_S)
-            .with_target(quantile_query(0.99, ITL, "pool", POOL, "{{pool}}"))
+            with_slo_line(
+                default_timeseries(
+                    "Inter-token latency p99",
+                    "s",
+                    "What the interference costs users. Click an exemplar for the trace.",
+                ),
+                ITL_SLO_S,
+            ).with_target(quantile_query(0.99, ITL, "pool", POOL, "{{pool}}"))
         )
     )

@@ -153,7 +153,9 @@ def comparison_table(results: dict[str, LoadResult]) -> Table:
 @click.option("--preset", default="small", show_default=True, help="model preset for both servers")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
               show_default=True, help="where the run folder is created")  # fmt: skip
-@click.option("--duration", "duration_s", type=float, default=30.0, show_default=True, help="seconds of load per layout")
+@click.option(
+    "--duration", "duration_s", type=float, default=30.0, show_default=True, help="seconds of load per layout"
+)
 @click.option("--slo-ttft", type=float, default=2.0, show_default=True, help="time-to-first-token objective (s)")
 @click.option("--slo-itl", type=float, default=0.1, show_default=True, help="inter-token p99 objective per request (s)")
 @click.option("--seed", type=int, default=7, show_default=True, help="workload seed (same arrivals for both layouts)")

@@ -352,7 +352,9 @@ class Engine:
         request = tracked.request
         if not isinstance(first_token, int) or meta.get("prompt_tokens") != len(request.prompt_token_ids):
             self.free_blocks(block_ids)
-            self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", "transfer metadata does not match the request"))
+            self._send_now(
+                tracked.sink, (EVENT_ERROR, 500, "kv_transfer", "transfer metadata does not match the request")
+            )
             return
         tracked.remote_cached_tokens = int(meta.get("cached_tokens") or 0)
         arrived = _Arrived(tracked, list(block_ids), first_token, time.monotonic() + self.kv_wait_s)
@@ -373,12 +375,17 @@ class Engine:
             if time.monotonic() < arrived.deadline_s:
                 return False
             self.free_blocks(arrived.block_ids)
-            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", f"KV cache is full on this decode worker: {exc}"))
+            self._send_now(
+                tracked.sink, (EVENT_ERROR, 503, "overloaded", f"KV cache is full on this decode worker: {exc}")
+            )
             return True
         except (RequestRejected, QueueFull) as exc:
             self.free_blocks(arrived.block_ids)
             status = 503 if isinstance(exc, QueueFull) else 400
-            self._send_now(tracked.sink, (EVENT_ERROR, status, "overloaded" if status == 503 else "invalid_request_error", str(exc)))
+            self._send_now(
+                tracked.sink,
+                (EVENT_ERROR, status, "overloaded" if status == 503 else "invalid_request_error", str(exc)),
+            )
             return True
         tracked.seq = seq
         tracked.decode_start = self.tracer.mark()
@@ -403,7 +410,10 @@ class Engine:
         if tracked is None:
             return
         if reason == KV_REFUSED:  # no room for its blocks, even after waiting: capacity, retryable
-            self._send_now(tracked.sink, (EVENT_ERROR, 503, "overloaded", "KV cache is full on this decode worker (transfer refused)"))
+            self._send_now(
+                tracked.sink,
+                (EVENT_ERROR, 503, "overloaded", "KV cache is full on this decode worker (transfer refused)"),
+            )
         else:
             self._send_now(tracked.sink, (EVENT_ERROR, 500, "kv_transfer", f"KV transfer failed ({reason})"))
 
@@ -463,8 +473,14 @@ class Engine:
                 self._room.notify_all()
         self.steps_total += 1
         prefill_tokens = plan.prefill_tokens
-        tracer.step(step_start, step_end, plan.num_decode_requests, prefill_tokens, plan.context_tokens,
-                    plan.prefill_attention_tokens2)
+        tracer.step(
+            step_start,
+            step_end,
+            plan.num_decode_requests,
+            prefill_tokens,
+            plan.context_tokens,
+            plan.prefill_attention_tokens2,
+        )
 
         events: list[tuple[Sink, tuple]] = []
         for seq, token_id in outcome.emitted:
@@ -515,8 +531,12 @@ class Engine:
         device = self.device
         slices = []
         if plan.decodes:
-            decode_tokens = torch.tensor([d.token_id for d in plan.decodes], dtype=torch.long).to(device, non_blocking=True)
-            slices = [SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.admitted_table) for i, d in enumerate(plan.decodes)]
+            decode_tokens = torch.tensor([d.token_id for d in plan.decodes], dtype=torch.long).to(
+                device, non_blocking=True
+            )
+            slices = [
+                SeqSlice(decode_tokens[i : i + 1], d.position, d.seq.admitted_table) for i, d in enumerate(plan.decodes)
+            ]
         for chunk in plan.prefills:
             token_ids = torch.tensor(chunk.token_ids, dtype=torch.long).to(device, non_blocking=True)
             slices.append(SeqSlice(token_ids, chunk.start, chunk.seq.admitted_table))
@@ -531,7 +551,9 @@ class Engine:
             if temperature > 0:
                 generator = self._tracked[seq.seq_id].generator
                 if seq.request.top_p < 1:
-                    next_ids[row : row + 1] = sample_top_p_no_sync(logits[row : row + 1], temperature, seq.request.top_p, generator)
+                    next_ids[row : row + 1] = sample_top_p_no_sync(
+                        logits[row : row + 1], temperature, seq.request.top_p, generator
+                    )
                 else:
                     next_ids[row : row + 1] = sample_no_sync(logits[row : row + 1], temperature, generator)
         return next_ids
@@ -598,7 +620,13 @@ class Engine:
             return
         attrs = {s.ATTR_OUTPUT_TOKENS: len(t.token_perf_ns)}
         self.tracer.decode(
-            t.ctx, t.decode_start, self.tracer.mark(), t.token_perf_ns, t.token_prefill_tokens, attrs, error_type=error_type
+            t.ctx,
+            t.decode_start,
+            self.tracer.mark(),
+            t.token_perf_ns,
+            t.token_prefill_tokens,
+            attrs,
+            error_type=error_type,
         )
         t.decode_start = None
 
@@ -644,8 +672,9 @@ def kv_attributes(info: Any, *, src: str | None = None, dst: str | None = None) 
     }
 
 
-def default_kv_blocks(max_seq_len: int, block_size: int, max_batch_seqs: int, bytes_per_block: int,
-                      budget_bytes: int = 1 << 30) -> int:
+def default_kv_blocks(
+    max_seq_len: int, block_size: int, max_batch_seqs: int, bytes_per_block: int, budget_bytes: int = 1 << 30
+) -> int:
     """Enough blocks for `max_batch_seqs` full-length sequences, capped at `budget_bytes` of KV."""
     wanted = max_batch_seqs * blocks_for_tokens(max_seq_len, block_size)
     return max(blocks_for_tokens(max_seq_len, block_size), min(wanted, budget_bytes // bytes_per_block))

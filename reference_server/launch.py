@@ -137,7 +137,9 @@ async def _await_ready(worker: WorkerProcess) -> dict:
         line = await stdout.readline()
         if not line:
             code = await worker.process.wait()
-            raise RuntimeError(f"worker {worker.name} exited with status {code} before it was ready (see its log above)")
+            raise RuntimeError(
+                f"worker {worker.name} exited with status {code} before it was ready (see its log above)"
+            )
         text = line.decode(errors="replace")
         announcement = parse_ready_line(text)
         if announcement is not None:
@@ -153,7 +155,9 @@ async def start_workers(config: ServeConfig) -> list[WorkerProcess]:
     try:
         for role, name in roles:
             process = await asyncio.create_subprocess_exec(
-                *worker_command(config, role, name, threads), stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+                *worker_command(config, role, name, threads),
+                stdout=asyncio.subprocess.PIPE,
+                stdin=asyncio.subprocess.DEVNULL,
             )
             workers.append(WorkerProcess(role, name, process))
         readies = await asyncio.wait_for(asyncio.gather(*(_await_ready(w) for w in workers)), config.startup_timeout_s)
@@ -211,7 +215,9 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
                             registry=CollectorRegistry(),  # the router serves /metrics on either path
                             slo=RequestSlo(config.slo_ttft, config.slo_itl))  # fmt: skip
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
-    click.echo(f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True)
+    click.echo(
+        f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True
+    )
     workers = await start_workers(config)
     stopping = False
     runners: list[web.AppRunner] = []
@@ -245,7 +251,9 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
             await runner.setup()
             runners.append(runner)
             # Our own socket, so port 0 works (the OS picks) and we can say which port it picked.
-            sock = socket.create_server((config.host, port), family=socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+            sock = socket.create_server(
+                (config.host, port), family=socket.AF_INET6 if ":" in config.host else socket.AF_INET
+            )
             await web.SockSite(runner, sock, shutdown_timeout=2.0).start()
             bound_ports.append(sock.getsockname()[1])
         url = f"http://{_url_host(config.host)}:{bound_ports[0]}"
@@ -279,37 +287,68 @@ def _url_host(host: str) -> str:
 
 
 @click.command("serve")
-@click.option("--mode", type=click.Choice(["colocated", "chunked", "disaggregated"]), default="colocated",
-              show_default=True, help="colocated (whole prefills join decode steps), chunked (token budget per step), "
-              "or disaggregated (separate prefill and decode pools, KV moved over TCP)")
+@click.option(
+    "--mode",
+    type=click.Choice(["colocated", "chunked", "disaggregated"]),
+    default="colocated",
+    show_default=True,
+    help="colocated (whole prefills join decode steps), chunked (token budget per step), "
+    "or disaggregated (separate prefill and decode pools, KV moved over TCP)",
+)
 @click.option("--workers", type=int, default=None, help="workers in a colocated/chunked layout [1]")
 @click.option("--prefill-workers", type=int, default=None, help="prefill workers (disaggregated) [1]")
 @click.option("--decode-workers", type=int, default=None, help="decode workers (disaggregated) [1]")
 @click.option("--preset", default="small", show_default=True, help="model shape preset (tiny, small, ...)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address the router binds")
-@click.option("--port", type=int, default=8000, show_default=True,
-              help="router port (/v1/completions, /health, /metrics); 0 picks a free one (printed)")
+@click.option(
+    "--port",
+    type=int,
+    default=8000,
+    show_default=True,
+    help="router port (/v1/completions, /health, /metrics); 0 picks a free one (printed)",
+)
 @click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
 @click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
 @click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
 @click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
 @click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
-@click.option("--step-sample", type=click.IntRange(min=1), default=DEFAULT_DECODE_SAMPLE_EVERY, show_default=True,
-              help="export 1 in N decode-only step spans (weighted); steps with prefill tokens are all kept up to a budget")
-@click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="time-to-first-token objective (s): root spans get splitscope.slo.violated/.missed")
-@click.option("--slo-itl", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="inter-token objective on each request's p99 gap (s)")
+@click.option(
+    "--step-sample",
+    type=click.IntRange(min=1),
+    default=DEFAULT_DECODE_SAMPLE_EVERY,
+    show_default=True,
+    help="export 1 in N decode-only step spans (weighted); steps with prefill tokens are all kept up to a budget",
+)
+@click.option(
+    "--slo-ttft",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="time-to-first-token objective (s): root spans get splitscope.slo.violated/.missed",
+)
+@click.option(
+    "--slo-itl",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="inter-token objective on each request's p99 gap (s)",
+)
 @click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
 @click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
 @click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
 @click.option("--max-batch", type=int, default=16, show_default=True, help="sequences per engine step")
 @click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
-@click.option("--kv-wait-s", type=float, default=5.0, show_default=True,
-              help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)")
-@click.option("--namespace", default=None,
-              help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
-              "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)")
+@click.option(
+    "--kv-wait-s",
+    type=float,
+    default=5.0,
+    show_default=True,
+    help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
+    "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)",
+)
 def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
                   **options: Any) -> None:  # fmt: skip
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
@@ -318,7 +357,9 @@ def serve_command(mode: str, workers: int | None, prefill_workers: int | None, d
         if not namespace.strip() or any(c in namespace for c in ",=\n"):
             raise click.UsageError(f"--namespace must be a non-empty name without ',' or '=' (got {namespace!r})")
         # The workers inherit the environment: router, workers and their spans all name the deployment.
-        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = with_namespace(os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), namespace)
+        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = with_namespace(
+            os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), namespace
+        )
     if mode == "disaggregated" and workers is not None:
         raise click.UsageError("--workers is for colocated/chunked; use --prefill-workers and --decode-workers")
     if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):
@@ -334,7 +375,9 @@ def serve_command(mode: str, workers: int | None, prefill_workers: int | None, d
         config.validate()
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(name)s: %(message)s"
+    )
     try:
         asyncio.run(serve(config))
     except RuntimeError as exc:

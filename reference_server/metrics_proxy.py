@@ -68,7 +68,9 @@ async def fetch_exposition(session: aiohttp.ClientSession, url: str, accept: str
                            timeout_s: float) -> bytes | None:  # fmt: skip
     """One worker's /metrics body in `content_type`; None when it does not answer in time or in that format."""
     try:
-        async with session.get(url, headers={"Accept": accept}, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+        async with session.get(
+            url, headers={"Accept": accept}, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        ) as response:
             if response.status != 200:
                 return None
             answered = response.headers.get("Content-Type", "").split(";")[0].strip()

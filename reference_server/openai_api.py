@@ -155,7 +155,9 @@ def _parse_stop(value: Any) -> tuple[str, ...]:
         return ()
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stops):
-        raise _bad(f"'stop' must be a non-empty string or a list of them (each at most {MAX_STOP_CHARS} characters)", "stop")
+        raise _bad(
+            f"'stop' must be a non-empty string or a list of them (each at most {MAX_STOP_CHARS} characters)", "stop"
+        )
     if len(stops) > MAX_STOP_SEQUENCES:
         raise _bad(f"'stop' takes at most {MAX_STOP_SEQUENCES} sequences, got {len(stops)}", "stop")
     return tuple(dict.fromkeys(stops))
@@ -337,7 +339,7 @@ def parse_chat(body: Any, limits: Limits) -> CompletionParams:
         raise _bad("'logprobs' is not supported by this server", "logprobs")
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
-        raise _bad("'response_format' supports only {\"type\": \"text\"}", "response_format")
+        raise _bad('\'response_format\' supports only {"type": "text"}', "response_format")
     return _parse_common(body, limits, model, tuple(encode(rendered)), max_tokens_key="max_completion_tokens",
                          operation=OPERATION_CHAT)  # fmt: skip
 

@@ -269,7 +269,9 @@ class Router:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise api.ApiError(413, f"request body is over the {self.max_body_bytes}-byte limit", code="body_too_large") from None
+            raise api.ApiError(
+                413, f"request body is over the {self.max_body_bytes}-byte limit", code="body_too_large"
+            ) from None
         try:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
@@ -295,7 +297,9 @@ class Router:
             return web.json_response(exc.body(), status=exc.status)
         return web.json_response(api.model_card(self.limits.model, self.started_s))
 
-    async def _serve(self, request: web.Request, parse: Callable[[Any, api.Limits], api.CompletionParams]) -> web.StreamResponse:
+    async def _serve(
+        self, request: web.Request, parse: Callable[[Any, api.Limits], api.CompletionParams]
+    ) -> web.StreamResponse:
         start = self.tracer.mark()
         try:
             params = parse(await self._read_body(request), self.limits)
@@ -368,7 +372,9 @@ class Router:
                     held_ids.append(event[1])
                     text = text_stream.push((event[1],))
                     if text_stream.stopped:
-                        tail = self._tail(params, shape, request_id, created_s, text, "stop", held_ids, first, outcome, 0)
+                        tail = self._tail(
+                            params, shape, request_id, created_s, text, "stop", held_ids, first, outcome, 0
+                        )
                         await response.write(tail)
                         break
                     if text:
@@ -461,7 +467,9 @@ class Router:
             return self._disaggregated_events(params, ctx, request_id)
         return self._colocated_events(params, ctx, request_id)
 
-    async def _colocated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
+    async def _colocated_events(
+        self, params: api.CompletionParams, ctx: TraceContext, request_id: str
+    ) -> AsyncGenerator[tuple, None]:
         pool = self.pools["colocated"]
         worker = (sticky(pool, params.user) if params.user else None) or least_loaded(pool)
         if worker is None:
@@ -469,20 +477,28 @@ class Router:
         worker.inflight += 1
         try:
             async with self.session.post(
-                worker.url + "/generate", json=self._payload(params, request_id), headers={"traceparent": ctx.traceparent()}
+                worker.url + "/generate",
+                json=self._payload(params, request_id),
+                headers={"traceparent": ctx.traceparent()},
             ) as response:
                 await _check_status(response, worker)
                 async for event in _ndjson_events(response, worker):
                     yield event
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise UpstreamError(500, "worker_failed", f"worker {worker.name} failed: {type(exc).__name__}: {exc}") from None
+            raise UpstreamError(
+                500, "worker_failed", f"worker {worker.name} failed: {type(exc).__name__}: {exc}"
+            ) from None
         finally:
             worker.inflight -= 1
 
-    async def _disaggregated_events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
+    async def _disaggregated_events(
+        self, params: api.CompletionParams, ctx: TraceContext, request_id: str
+    ) -> AsyncGenerator[tuple, None]:
         decode_worker = least_loaded(self.pools["decode"])
         prefill_pool = self.pools["prefill"]
-        prefill_worker = (sticky(prefill_pool, params.user) if params.user else None) or least_loaded(prefill_pool, by_tokens=True)
+        prefill_worker = (sticky(prefill_pool, params.user) if params.user else None) or least_loaded(
+            prefill_pool, by_tokens=True
+        )
         if decode_worker is None or prefill_worker is None or not decode_worker.kv_address:
             raise UpstreamError(503, "unavailable", "no live prefill or decode worker")
         headers = {"traceparent": ctx.traceparent()}
@@ -493,7 +509,9 @@ class Router:
         prefill_worker.inflight_tokens += prompt_tokens
         prefill_task: asyncio.Task | None = None
         try:
-            async with self.session.post(decode_worker.url + "/generate", json={**payload, "kv": True}, headers=headers) as response:
+            async with self.session.post(
+                decode_worker.url + "/generate", json={**payload, "kv": True}, headers=headers
+            ) as response:
                 await _check_status(response, decode_worker)
                 # The decode worker now expects this request's KV: start the prefill.
                 prefill_task = asyncio.create_task(self._prefill(prefill_worker, decode_worker, payload, headers))
@@ -504,7 +522,9 @@ class Router:
                     async for event in merged:
                         yield event
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
-            raise UpstreamError(500, "worker_failed", f"worker {decode_worker.name} failed: {type(exc).__name__}: {exc}") from None
+            raise UpstreamError(
+                500, "worker_failed", f"worker {decode_worker.name} failed: {type(exc).__name__}: {exc}"
+            ) from None
         finally:
             decode_worker.inflight -= 1
             if prefill_task is None:
@@ -525,10 +545,14 @@ class Router:
                 await _check_status(response, worker)
                 return await response.json()
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
-            raise UpstreamError(500, "worker_failed", f"prefill worker {worker.name} failed: {type(exc).__name__}: {exc}") from None
+            raise UpstreamError(
+                500, "worker_failed", f"prefill worker {worker.name} failed: {type(exc).__name__}: {exc}"
+            ) from None
 
 
-async def _merge_prefill_outcome(stream: AsyncIterator[tuple], prefill_task: asyncio.Task) -> AsyncGenerator[tuple, None]:
+async def _merge_prefill_outcome(
+    stream: AsyncIterator[tuple], prefill_task: asyncio.Task
+) -> AsyncGenerator[tuple, None]:
     """The decode worker's events, failing as soon as the prefill (or its KV transfer) fails.
 
     A prefill that finished the request by itself (its first token was a stop, or max_tokens 1) ends the

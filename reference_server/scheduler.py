@@ -209,9 +209,7 @@ class Scheduler:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
         if policy == "chunked" and token_budget <= max_batch_seqs:
             # Decodes always run; a budget they alone can fill would leave no room for prefill progress.
-            raise ValueError(
-                f"chunked policy needs token_budget > max_batch_seqs ({token_budget} <= {max_batch_seqs})"
-            )
+            raise ValueError(f"chunked policy needs token_budget > max_batch_seqs ({token_budget} <= {max_batch_seqs})")
         self.policy = policy
         self.token_budget = token_budget
         self.max_batch_seqs = max_batch_seqs

@@ -470,7 +470,9 @@ class KVReceiver:
                 self._transfers[header.transfer_id] = assembly
                 self._changed.notify_all()
             elif (assembly.request_id, assembly.n_blocks, assembly.n_streams) != (
-                header.request_id, header.n_blocks, header.n_streams,
+                header.request_id,
+                header.n_blocks,
+                header.n_streams,
             ):
                 problem = KVTransferError("bad_header", "stream disagrees with its transfer's request or sizes")
             if problem is None and header.stream in assembly.streams_seen:

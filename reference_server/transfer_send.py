@@ -414,9 +414,12 @@ class KVSender:
 
 
 # The receiver's own verdicts explain a failure better than the broken connections that follow them.
-_REASON_PRIORITY = {reason: rank for rank, reason in enumerate(
-    (ABORTED, "unauthorized", "bad_header", "checksum", "refused", "timeout", "connection")
-)}
+_REASON_PRIORITY = {
+    reason: rank
+    for rank, reason in enumerate(
+        (ABORTED, "unauthorized", "bad_header", "checksum", "refused", "timeout", "connection")
+    )
+}
 
 
 def _checked_block_ids(block_ids: Sequence[int], num_blocks: int) -> list[int]:
@@ -443,5 +446,3 @@ def _check_request(request_id: str, traceparent: str | None, meta: dict[str, Any
         raise ValueError("meta must be a dict of JSON values")
     if not (isinstance(dst, tuple) and len(dst) == 2 and isinstance(dst[0], str) and isinstance(dst[1], int)):
         raise ValueError(f"dst must be (host, port), got {dst!r}")
-
-

@@ -154,7 +154,9 @@ class Worker:
         tracer = self.tracing.tracer
         clock = getattr(tracer, "clock", None)
         metrics = self.tracing.catalogue.bind(self.pool_name, options.name) if self.tracing.catalogue else None
-        token_budget = options.token_budget if options.role == "chunked" else max(options.token_budget, self.args.max_seq_len)
+        token_budget = (
+            options.token_budget if options.role == "chunked" else max(options.token_budget, self.args.max_seq_len)
+        )
         self.engine = Engine(
             role=options.role,
             model=self.model,
@@ -261,8 +263,10 @@ class Worker:
         if type(top_p) not in (int, float):
             raise BadRequest("top_p must be a number")
         stop = body.get("stop") or []
-        if not isinstance(stop, list) or len(stop) > MAX_STOP_SEQUENCES or not all(
-            isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stop
+        if (
+            not isinstance(stop, list)
+            or len(stop) > MAX_STOP_SEQUENCES
+            or not all(isinstance(x, str) and 0 < len(x) <= MAX_STOP_CHARS for x in stop)
         ):
             raise BadRequest(f"stop must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings")
         stop_tokens = frozenset() if body.get("ignore_eos") is True else frozenset({EOS_ID})
@@ -385,7 +389,9 @@ def _event_line(event: tuple) -> tuple[bytes, bool]:
     if kind == EVENT_ERROR:
         error = {"status": event[1], "type": event[2], "message": event[3]}
         return json.dumps({"error": error}).encode() + b"\n", True
-    return json.dumps({"error": {"status": 500, "type": "internal_error", "message": f"event {kind!r}"}}).encode() + b"\n", True
+    return json.dumps(
+        {"error": {"status": 500, "type": "internal_error", "message": f"event {kind!r}"}}
+    ).encode() + b"\n", True
 
 
 def _host_port(value: Any) -> tuple[str, int]:

@@ -162,9 +162,9 @@ def _config(
             "evaluation_interval": f"{evaluation_interval_s:g}s",
         },
         "rule_files": [str(Path(p).resolve()) for p in rule_files],
-        "scrape_configs": [
-            {"job_name": job, "static_configs": [{"targets": list(scrape_targets)}]}
-        ] if scrape_targets else [],
+        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(scrape_targets)}]}]
+        if scrape_targets
+        else [],
     }
 
 
@@ -199,8 +199,7 @@ def running_prometheus(
         config_path = workdir / "prometheus.yml"
         config_path.write_text(
             yaml.safe_dump(
-                _config(scrape_targets, [Path(p) for p in rule_files], scrape_interval_s,
-                        evaluation_interval_s, job),
+                _config(scrape_targets, [Path(p) for p in rule_files], scrape_interval_s, evaluation_interval_s, job),
                 sort_keys=False,
             ),
             encoding="utf-8",

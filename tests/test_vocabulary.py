@@ -44,7 +44,9 @@ def test_no_contract_name_is_typed_outside_the_vocabulary():
 
 
 def test_the_vocabulary_has_no_duplicate_names():
-    values = [v for n, v in vars(vocabulary).items() if n.startswith(("SPAN_", "ATTR_", "EVENT_")) and isinstance(v, str)]
+    values = [
+        v for n, v in vars(vocabulary).items() if n.startswith(("SPAN_", "ATTR_", "EVENT_")) and isinstance(v, str)
+    ]
     assert len(values) == len(set(values))
 
 

@@ -50,8 +50,15 @@ class Tracer(Protocol):
                token_prefill_tokens: array | None, attrs: dict[str, Any] | None = None,
                error_type: str = "") -> int: ...  # fmt: skip
 
-    def step(self, start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int,
-             prefill_attention_tokens2: int = -1) -> None: ...
+    def step(
+        self,
+        start: Any,
+        end: Any,
+        decode_requests: int,
+        prefill_tokens: int,
+        context_tokens: int,
+        prefill_attention_tokens2: int = -1,
+    ) -> None: ...
 
     def request(self, ctx: TraceContext, span_id: int, start: Any, end: Any, first_token: Any, *, model: str,
                 mode: str, request_id: str, input_tokens: int, output_tokens: int,
@@ -138,8 +145,14 @@ def _recorders(push: Callable[[tuple], None]) -> tuple[Callable[..., Any], ...]:
         push((KIND_DECODE, ctx, start, end, attrs, error_type, token_perf_ns, token_prefill_tokens))
         return 0
 
-    def step(start: Any, end: Any, decode_requests: int, prefill_tokens: int, context_tokens: int,
-             prefill_attention_tokens2: int = -1) -> None:
+    def step(
+        start: Any,
+        end: Any,
+        decode_requests: int,
+        prefill_tokens: int,
+        context_tokens: int,
+        prefill_attention_tokens2: int = -1,
+    ) -> None:
         """Record one engine iteration. `prefill_attention_tokens2`: each prefill chunk of n tokens at
         offset c counts (c + n)^2 - c^2 (tokens^2; -1 when the engine does not know)."""
         push((KIND_STEP, start, end, decode_requests, prefill_tokens, context_tokens, prefill_attention_tokens2))

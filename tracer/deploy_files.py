@@ -15,7 +15,11 @@ import click
 
 # (package, files or folders inside it, destination folder under DIR)
 _SHIPPED = (
-    ("tracer.deploy", ("compose.yaml", "prometheus.yml", "otel-collector.yaml", "tempo.yaml", "Dockerfile.sidecar", "grafana"), "deploy"),
+    (
+        "tracer.deploy",
+        ("compose.yaml", "prometheus.yml", "otel-collector.yaml", "tempo.yaml", "Dockerfile.sidecar", "grafana"),
+        "deploy",
+    ),
     ("tracer.alerts", ("rules.yaml", "runbook.md"), "alerts"),
     ("tracer.dashboards", ("generated",), "dashboards"),
 )

@@ -48,9 +48,7 @@ class GpuSampler:
         self.available = bool(handles)
         self.catalogue.gpu_telemetry_up.set(1 if handles else 0)
         if handles:
-            self._thread = threading.Thread(
-                target=self._run, args=(nvml, handles), name="splitscope-gpu", daemon=True
-            )
+            self._thread = threading.Thread(target=self._run, args=(nvml, handles), name="splitscope-gpu", daemon=True)
             self._thread.start()
         return self
 

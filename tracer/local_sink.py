@@ -64,7 +64,11 @@ class MetricsRecorder:
             duration_s = (data.end_ns - data.start_ns) / 1e9
             name = data.name
             if name == s.SPAN_STEP:
-                child = worker.step_with_prefill if attrs.get(s.ATTR_STEP_PREFILL_TOKENS, 0) > 0 else worker.step_without_prefill
+                child = (
+                    worker.step_with_prefill
+                    if attrs.get(s.ATTR_STEP_PREFILL_TOKENS, 0) > 0
+                    else worker.step_without_prefill
+                )
                 bucket = values.get(child)
                 if bucket is None:
                     values[child] = [duration_s]
@@ -124,7 +128,9 @@ class MetricsRecorder:
 class LocalSink:
     """Span processors (export) and metrics in this process."""
 
-    def __init__(self, resource: Resource, processors: Iterable[SpanProcessor], metrics: MetricsRecorder | None) -> None:
+    def __init__(
+        self, resource: Resource, processors: Iterable[SpanProcessor], metrics: MetricsRecorder | None
+    ) -> None:
         self.resource = resource
         self.processors = list(processors)
         self.metrics = metrics

@@ -116,116 +116,178 @@ class Catalogue:
         self.worker_gauges = worker_gauges
         r = registry
         self.ttft = Histogram(
-            "gen_ai_server_time_to_first_token_seconds", "Time to first token, as the server sent it",
-            ["gen_ai_request_model", "mode"], buckets=LATENCY_BUCKETS_S, registry=r)
+            "gen_ai_server_time_to_first_token_seconds",
+            "Time to first token, as the server sent it",
+            ["gen_ai_request_model", "mode"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.tpot = Histogram(
-            "gen_ai_server_time_per_output_token_seconds", "Time per output token after the first",
-            ["gen_ai_request_model", "mode"], buckets=TOKEN_BUCKETS_S, registry=r)
+            "gen_ai_server_time_per_output_token_seconds",
+            "Time per output token after the first",
+            ["gen_ai_request_model", "mode"],
+            buckets=TOKEN_BUCKETS_S,
+            registry=r,
+        )
         self.request_duration = Histogram(
-            "gen_ai_server_request_duration_seconds", "End-to-end request duration",
-            ["gen_ai_request_model", "mode"], buckets=LATENCY_BUCKETS_S, registry=r)
+            "gen_ai_server_request_duration_seconds",
+            "End-to-end request duration",
+            ["gen_ai_request_model", "mode"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.stage_duration = Histogram(
-            "splitscope_stage_duration_seconds", "Time a request spent in each stage",
-            ["stage", "pool"], buckets=LATENCY_BUCKETS_S, registry=r)
+            "splitscope_stage_duration_seconds",
+            "Time a request spent in each stage",
+            ["stage", "pool"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.inter_token_latency = BulkHistogram(
-            "splitscope_inter_token_latency_seconds", "Gap between consecutive output tokens of a request",
-            ["pool"], buckets=TOKEN_BUCKETS_S, registry=r)
+            "splitscope_inter_token_latency_seconds",
+            "Gap between consecutive output tokens of a request",
+            ["pool"],
+            buckets=TOKEN_BUCKETS_S,
+            registry=r,
+        )
         # Fed a batch at a time (one value per engine step, no exemplar: a step serves many requests).
         self.step_duration = BulkHistogram(
             "splitscope_step_duration_seconds",
             "Engine iteration time, split by whether prefill tokens shared the step (interference)",
-            ["pool", "prefill_in_step"], buckets=LATENCY_BUCKETS_S, registry=r)
+            ["pool", "prefill_in_step"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=r,
+        )
         self.kv_transfer_bytes = Counter(
-            "splitscope_kv_transfer_bytes", "KV cache bytes moved between pools",
-            ["src_pool", "dst_pool"], registry=r)
+            "splitscope_kv_transfer_bytes", "KV cache bytes moved between pools", ["src_pool", "dst_pool"], registry=r
+        )
         self.kv_transfer_failures = Counter(
-            "splitscope_kv_transfer_failures", "Failed KV transfers by reason", ["reason"], registry=r)
-        self.tokens = Counter(
-            "splitscope_tokens", "Tokens processed by phase", ["pool", "phase"], registry=r)
+            "splitscope_kv_transfer_failures", "Failed KV transfers by reason", ["reason"], registry=r
+        )
+        self.tokens = Counter("splitscope_tokens", "Tokens processed by phase", ["pool", "phase"], registry=r)
         self.requests_waiting = Gauge(
-            "splitscope_requests_waiting", "Requests queued in a worker", ["pool", "worker"], registry=r)
+            "splitscope_requests_waiting", "Requests queued in a worker", ["pool", "worker"], registry=r
+        )
         self.requests_running = Gauge(
-            "splitscope_requests_running", "Requests scheduled in a worker", ["pool", "worker"], registry=r)
+            "splitscope_requests_running", "Requests scheduled in a worker", ["pool", "worker"], registry=r
+        )
         self.worker_busy = Counter(
-            "splitscope_worker_busy_seconds", "Time a worker spent running engine steps",
-            ["pool", "worker"], registry=r)
-        self.pool_workers = Gauge(
-            "splitscope_pool_workers", "Workers in each pool", ["pool"], registry=r)
+            "splitscope_worker_busy_seconds", "Time a worker spent running engine steps", ["pool", "worker"], registry=r
+        )
+        self.pool_workers = Gauge("splitscope_pool_workers", "Workers in each pool", ["pool"], registry=r)
         self.kv_cache_usage = Gauge(
-            "splitscope_kv_cache_usage_ratio", "Share of KV cache blocks in use", ["pool", "worker"],
-            registry=r)
+            "splitscope_kv_cache_usage_ratio", "Share of KV cache blocks in use", ["pool", "worker"], registry=r
+        )
         self.prefix_queried = Counter(
-            "splitscope_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache",
-            ["pool"], registry=r)
+            "splitscope_prefix_cache_queried_tokens",
+            "Prompt tokens looked up in the prefix cache",
+            ["pool"],
+            registry=r,
+        )
         self.prefix_hit = Counter(
-            "splitscope_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", ["pool"],
-            registry=r)
+            "splitscope_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", ["pool"], registry=r
+        )
         self.gpu_utilization = Gauge(
-            "splitscope_gpu_utilization_ratio", "GPU busy share over the last sample", ["gpu"], registry=r)
-        self.gpu_memory_used = Gauge(
-            "splitscope_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r)
+            "splitscope_gpu_utilization_ratio", "GPU busy share over the last sample", ["gpu"], registry=r
+        )
+        self.gpu_memory_used = Gauge("splitscope_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r)
         self.gpu_telemetry_up = Gauge(
-            "splitscope_gpu_telemetry_up", "1 when GPU telemetry is being sampled", registry=r)
+            "splitscope_gpu_telemetry_up", "1 when GPU telemetry is being sampled", registry=r
+        )
         self.tracer_dropped = Counter(
-            "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"],
-            registry=r)
+            "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"], registry=r
+        )
         self.requests_aborted = Counter(
-            REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason",
-            ["reason"], registry=r)
+            REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason", ["reason"], registry=r
+        )
         self.tail_sampler_spans = Counter(
-            TAIL_SAMPLER_SPANS, "Spans the sidecar's tail sampler exported or dropped, by decision", ["decision"],
-            registry=r)
+            TAIL_SAMPLER_SPANS,
+            "Spans the sidecar's tail sampler exported or dropped, by decision",
+            ["decision"],
+            registry=r,
+        )
         self.tail_sampler_traces = Counter(
-            TAIL_SAMPLER_TRACES, "Traces the sidecar's tail sampler decided, by decision and what triggered it "
-            "(root, timeout, buffer_full)", ["decision", "trigger"], registry=r)
+            TAIL_SAMPLER_TRACES,
+            "Traces the sidecar's tail sampler decided, by decision and what triggered it (root, timeout, buffer_full)",
+            ["decision", "trigger"],
+            registry=r,
+        )
         self.tracer_pending = Gauge(
-            "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r)
+            "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r
+        )
         self.step_tokens = Histogram(
-            STEP_TOKENS, "Tokens one engine step processed, prefill and decode together",
-            ["pool"], buckets=STEP_TOKEN_BUCKETS, registry=r)
+            STEP_TOKENS,
+            "Tokens one engine step processed, prefill and decode together",
+            ["pool"],
+            buckets=STEP_TOKEN_BUCKETS,
+            registry=r,
+        )
         self.preemptions = Counter(
-            PREEMPTIONS, "Requests preempted (their KV freed, to be recomputed)", ["pool"], registry=r)
+            PREEMPTIONS, "Requests preempted (their KV freed, to be recomputed)", ["pool"], registry=r
+        )
         self.requests_finished = Counter(
-            REQUESTS_FINISHED, "Finished requests by finish reason (stop, length, abort, error)",
-            ["pool", "reason"], registry=r)
+            REQUESTS_FINISHED,
+            "Finished requests by finish reason (stop, length, abort, error)",
+            ["pool", "reason"],
+            registry=r,
+        )
         # Fed a batch of finished requests at a time (the sidecar's classifier), no exemplar.
         self.decode_tpot = BulkHistogram(
             DECODE_TPOT_HISTOGRAM,
             "A finished request's decode time per output token after the first, split by whether another "
             "request's prefill ran on its worker during its decode (engines without step timing)",
-            ["pool", PREFILL_OVERLAP_LABEL], buckets=TOKEN_BUCKETS_S, registry=r)
+            ["pool", PREFILL_OVERLAP_LABEL],
+            buckets=TOKEN_BUCKETS_S,
+            registry=r,
+        )
         self.decode_classified_steps = Counter(
             DECODE_STEPS_COUNTER.removesuffix("_total"),
             "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
-            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+            ["pool", PREFILL_OVERLAP_LABEL],
+            registry=r,
+        )
         self.decode_classified_seconds = Counter(
             DECODE_SECONDS_COUNTER.removesuffix("_total"),
             "Decode time of the requests splitscope_decode_tpot_seconds classified",
-            ["pool", PREFILL_OVERLAP_LABEL], registry=r)
+            ["pool", PREFILL_OVERLAP_LABEL],
+            registry=r,
+        )
         self.overlap_prefill_steps = Counter(
             OVERLAP_PREFILL_STEPS_COUNTER.removesuffix("_total"),
             "Steps of overlapped decodes that carried another request's prefill (prefills starting together: one step)",
-            ["pool"], registry=r)
+            ["pool"],
+            registry=r,
+        )
         self.overlap_prefill_seconds = Counter(
             OVERLAP_PREFILL_SECONDS_COUNTER.removesuffix("_total"),
             "Time of those steps: the union of the overlapping prefill windows inside each decode",
-            ["pool"], registry=r)
+            ["pool"],
+            registry=r,
+        )
         self.overlap_prefill_tokens = Counter(
             OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),
             "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
-            ["pool"], registry=r)
+            ["pool"],
+            registry=r,
+        )
         self.worker_prefill_busy = Counter(
             WORKER_PREFILL_BUSY_COUNTER.removesuffix("_total"),
             "Time a worker had at least one request in prefill, from request spans (engines without step timing)",
-            ["pool", "worker"], registry=r)
+            ["pool", "worker"],
+            registry=r,
+        )
         self.overlap_late_prefills = Counter(
             OVERLAP_LATE_PREFILLS_COUNTER.removesuffix("_total"),
             "Prefills that arrived after a decode they overlapped was classified (not counted in it)",
-            ["pool"], registry=r)
+            ["pool"],
+            registry=r,
+        )
         self.overlap_unclassified = Counter(
             OVERLAP_UNCLASSIFIED_COUNTER.removesuffix("_total"),
             "Finished decodes left unclassified because the classifier's bounded hold was full",
-            ["pool"], registry=r)
+            ["pool"],
+            registry=r,
+        )
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
         for drop_reason in DropReason:
@@ -421,6 +483,8 @@ def exposition(registry: MetricSource, accept_header: str | None,
     return encoder(source), content_type
 
 
-def serve_metrics(registry: CollectorRegistry, port: int, host: str = "127.0.0.1") -> tuple[WSGIServer, threading.Thread]:
+def serve_metrics(
+    registry: CollectorRegistry, port: int, host: str = "127.0.0.1"
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve /metrics on a daemon thread; returns (server, thread). Port 0 picks a free port."""
     return start_http_server(port, addr=host, registry=registry)

@@ -116,7 +116,9 @@ def start_tracing(
     if sink is None and sidecar_socket:
         from tracer.sidecar.client import SidecarSink
 
-        sink = SidecarSink(sidecar_socket, on_drop=lambda n: dropped.add(DropReason.SIDECAR_UNREACHABLE, n), resource=resource)
+        sink = SidecarSink(
+            sidecar_socket, on_drop=lambda n: dropped.add(DropReason.SIDECAR_UNREACHABLE, n), resource=resource
+        )
     if sink is None:
         sink = _local_sink(resource, catalogue, traces_file, processors, dropped)
     clock = default_clock(device)
@@ -141,7 +143,10 @@ def _local_sink(resource: dict[str, Any], catalogue: Catalogue | None, traces_fi
     from tracer.otel import span_processors
 
     if processors is None:
-        processors = span_processors(traces_file, on_drop=lambda n: dropped.add(DropReason.EXPORT_QUEUE_FULL, n),
-                                     on_export_failed=lambda n: dropped.add(DropReason.EXPORT_FAILED, n))
+        processors = span_processors(
+            traces_file,
+            on_drop=lambda n: dropped.add(DropReason.EXPORT_QUEUE_FULL, n),
+            on_export_failed=lambda n: dropped.add(DropReason.EXPORT_FAILED, n),
+        )
     metrics = MetricsRecorder(catalogue) if catalogue is not None else None
     return LocalSink(Resource.create(resource), processors, metrics)

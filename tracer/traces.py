@@ -160,7 +160,9 @@ def spans_from_request(request: dict[str, Any]) -> Iterator[Span]:
                     attributes=_attributes(raw.get("attributes", ())),
                     resource=resource,
                     events=[
-                        SpanEvent(e.get("name", ""), int(e.get("timeUnixNano", 0)), _attributes(e.get("attributes", ())))
+                        SpanEvent(
+                            e.get("name", ""), int(e.get("timeUnixNano", 0)), _attributes(e.get("attributes", ()))
+                        )
                         for e in raw.get("events", ())
                     ],
                     status_code=int(status.get("code", 0)),

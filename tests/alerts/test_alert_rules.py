@@ -13,9 +13,17 @@ from tracer.dashboards.catalogue import recording_rule_names, selector_names
 
 # DESIGN section 6, written out here so a renamed or dropped alert fails this test.
 DESIGN_ALERTS = {
-    "DecodeInterference", "SplitRecommended", "ChunkedPrefillRecommended", "KVTransferDominatesTTFT",
-    "PrefillPoolSaturated", "DecodePoolSaturated", "TTFTSLOBurn", "ITLSLOBurn", "KVTransferFailures",
-    "TracerDroppingRecords", "TelemetryAbsent",
+    "DecodeInterference",
+    "SplitRecommended",
+    "ChunkedPrefillRecommended",
+    "KVTransferDominatesTTFT",
+    "PrefillPoolSaturated",
+    "DecodePoolSaturated",
+    "TTFTSLOBurn",
+    "ITLSLOBurn",
+    "KVTransferFailures",
+    "TracerDroppingRecords",
+    "TelemetryAbsent",
 }
 RUNBOOK_PATH = RULES_PATH.with_name("runbook.md")
 
@@ -85,11 +93,14 @@ def test_slo_thresholds_live_in_the_burn_rules_as_bucket_matchers() -> None:
     assert le_matcher(0.05) in moved_exprs["pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"]
 
 
-@pytest.mark.parametrize("bound, spellings, not_matching", [
-    (2.0, ["2", "2.0"], ["20", "2.5", "0.2"]),
-    (0.1, ["0.1"], ["0.15", "1"]),
-    (80.0, ["80", "80.0"], ["8"]),
-])
+@pytest.mark.parametrize(
+    "bound, spellings, not_matching",
+    [
+        (2.0, ["2", "2.0"], ["20", "2.5", "0.2"]),
+        (0.1, ["0.1"], ["0.15", "1"]),
+        (80.0, ["80", "80.0"], ["8"]),
+    ],
+)
 def test_le_matcher_accepts_both_spellings_of_a_bound(bound, spellings, not_matching) -> None:
     pattern = re.fullmatch(r'le=~"(.*)"', le_matcher(bound)).group(1).replace("\\\\", "\\")
     for text in spellings:
@@ -154,7 +165,8 @@ def test_horizon_override_keeps_the_recommendation_horizon_apart_from_the_window
     fast = _rules(render_rules(for_scale=0.01, range_override="10s", horizon_override="90s"))
     horizon = {r["record"] for r in fast if "[90s]" in r["expr"]}
     assert horizon == {
-        "pool:splitscope_interference:ttft_missed_share1h", "pool:splitscope_interference:itl_missed_share1h",
+        "pool:splitscope_interference:ttft_missed_share1h",
+        "pool:splitscope_interference:itl_missed_share1h",
         "pool:splitscope_step_duration_seconds:prefill_time_share1h",
     }
     assert all(set(re.findall(r"\[(\w+)\]", r["expr"])) <= {"10s"} for r in fast if r.get("record") not in horizon)

@@ -32,8 +32,10 @@ class InterferingPool:
         steps = HistogramMetricFamily(
             "splitscope_step_duration_seconds", "Engine iteration time", labels=["pool", "prefill_in_step"]
         )
-        for kind, rate_hz, step_s in (("true", PREFILL_STEPS_PER_S, PREFILL_STEP_S),
-                                      ("false", DECODE_STEPS_PER_S, DECODE_STEP_S)):
+        for kind, rate_hz, step_s in (
+            ("true", PREFILL_STEPS_PER_S, PREFILL_STEP_S),
+            ("false", DECODE_STEPS_PER_S, DECODE_STEP_S),
+        ):
             count = rate_hz * elapsed_s
             buckets = [(f"{bound}", count if step_s <= bound else 0.0) for bound in (0.1, 0.3)]
             steps.add_metric(["colocated", kind], buckets + [("+Inf", count)], sum_value=count * step_s)

@@ -69,13 +69,16 @@ def test_every_referenced_metric_is_in_the_tracers_exposition() -> None:
         assert exposed[name] == DESIGN_CATALOGUE[name][0], name
 
 
-@pytest.mark.parametrize("series, family", [
-    ("splitscope_step_duration_seconds_bucket", "splitscope_step_duration_seconds"),
-    ("gen_ai_server_time_to_first_token_seconds_sum", "gen_ai_server_time_to_first_token_seconds"),
-    ("splitscope_inter_token_latency_seconds_count", "splitscope_inter_token_latency_seconds"),
-    ("splitscope_tokens_total", "splitscope_tokens_total"),
-    ("splitscope_pool_workers", "splitscope_pool_workers"),
-])
+@pytest.mark.parametrize(
+    "series, family",
+    [
+        ("splitscope_step_duration_seconds_bucket", "splitscope_step_duration_seconds"),
+        ("gen_ai_server_time_to_first_token_seconds_sum", "gen_ai_server_time_to_first_token_seconds"),
+        ("splitscope_inter_token_latency_seconds_count", "splitscope_inter_token_latency_seconds"),
+        ("splitscope_tokens_total", "splitscope_tokens_total"),
+        ("splitscope_pool_workers", "splitscope_pool_workers"),
+    ],
+)
 def test_family_name_maps_histogram_series_to_their_family(series: str, family: str) -> None:
     assert family_name(series) == family
 

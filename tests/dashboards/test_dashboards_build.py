@@ -19,17 +19,25 @@ from tracer.dashboards.common import TRACES_DATASOURCE_UID
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LATENCY_HISTOGRAMS = (
-    "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_per_output_token_seconds",
-    "gen_ai_server_request_duration_seconds", "splitscope_stage_duration_seconds",
-    "splitscope_inter_token_latency_seconds", "splitscope_step_duration_seconds",
+    "gen_ai_server_time_to_first_token_seconds",
+    "gen_ai_server_time_per_output_token_seconds",
+    "gen_ai_server_request_duration_seconds",
+    "splitscope_stage_duration_seconds",
+    "splitscope_inter_token_latency_seconds",
+    "splitscope_step_duration_seconds",
 )
 # What each dashboard must show (the list), by panel title.
 REQUIRED_PANELS = {
-    "splitscope-overview": {"Time to first token", "Inter-token latency", "End-to-end request duration",
-                            "Throughput", "Goodput (TTFT within SLO)", "SLO attainment"},
+    "splitscope-overview": {
+        "Time to first token",
+        "Inter-token latency",
+        "End-to-end request duration",
+        "Throughput",
+        "Goodput (TTFT within SLO)",
+        "SLO attainment",
+    },
     "splitscope-stages": {"Stage time p95", "Queue depth", "Busy ratio per pool"},
-    "splitscope-kv-transfer": {"Bytes per second", "Transfer duration", "Effective bandwidth",
-                               "Failures by reason"},
+    "splitscope-kv-transfer": {"Bytes per second", "Transfer duration", "Effective bandwidth", "Failures by reason"},
     "splitscope-interference": {"Step time with and without prefill", "Interference ratio", "Decode stalls"},
     "splitscope-gpu": {"GPU utilisation", "GPU memory used"},
     "splitscope-tracer-health": {"Dropped records per second", "Pending records"},
@@ -46,7 +54,9 @@ def test_rendering_twice_gives_the_same_bytes() -> None:
 
 def test_sdk_version_is_the_pinned_one() -> None:
     pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    pins = [d for d in pyproject["project"]["optional-dependencies"]["dashboards"] if d.startswith("grafana-foundation-sdk")]
+    pins = [
+        d for d in pyproject["project"]["optional-dependencies"]["dashboards"] if d.startswith("grafana-foundation-sdk")
+    ]
     assert pins == [f"grafana-foundation-sdk=={metadata.version('grafana-foundation-sdk')}"]
 
 
@@ -111,8 +121,10 @@ def test_latency_percentile_queries_carry_exemplars(dashboards: dict[str, dict])
 
 def test_slo_lines_come_from_the_alert_settings(dashboards: dict[str, dict]) -> None:
     panels = {p["title"]: p for p in dashboards["splitscope-overview"]["panels"]}
-    for title, slo in (("Time to first token", DEFAULT_SETTINGS.ttft_slo_s),
-                       ("Inter-token latency", DEFAULT_SETTINGS.itl_slo_s)):
+    for title, slo in (
+        ("Time to first token", DEFAULT_SETTINGS.ttft_slo_s),
+        ("Inter-token latency", DEFAULT_SETTINGS.itl_slo_s),
+    ):
         steps = panels[title]["fieldConfig"]["defaults"]["thresholds"]["steps"]
         assert steps[-1]["value"] == slo
 

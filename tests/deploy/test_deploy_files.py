@@ -54,7 +54,9 @@ def test_every_bind_mount_and_build_file_exists(compose: dict) -> None:
 def test_compose_mounts_the_rules_dashboards_and_provisioning_we_generate(compose: dict) -> None:
     mounts = {
         (DEPLOY / v.split(":")[0]).resolve(): v.split(":")[1]
-        for s in compose["services"].values() for v in s.get("volumes", []) if v.startswith(".")
+        for s in compose["services"].values()
+        for v in s.get("volumes", [])
+        if v.startswith(".")
     }
     assert mounts[RULES_PATH.resolve()] == "/etc/splitscope/alerts/rules.yaml"
     assert mounts[(DEPLOY / "prometheus.yml").resolve()] == "/etc/splitscope/deploy/prometheus.yml"
@@ -67,7 +69,10 @@ def test_compose_mounts_the_rules_dashboards_and_provisioning_we_generate(compos
 def test_prometheus_config_is_valid_and_scrapes_our_default_ports() -> None:
     result = subprocess.run(
         [promtool_path(), "check", "config", str(DEPLOY / "prometheus.yml")],
-        capture_output=True, text=True, timeout=60, check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = {job["job_name"]: job for job in _yaml("prometheus.yml")["scrape_configs"]}

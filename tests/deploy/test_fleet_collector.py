@@ -27,27 +27,152 @@ EDGE, SAMPLER = "otel-collector-fleet-edge.yaml", "otel-collector-fleet-sampler.
 # healthcheckextension -> health_check, filestorage -> file_storage, otlphttpexporter -> otlphttp).
 # Receivers: the trace-capable ones only (the manifest lists about ninety, mostly for metrics and logs).
 CONTRIB = {
-    "receivers": {"otlp", "nop", "jaeger", "zipkin", "kafka", "otelarrow", "otlpjsonfile", "skywalking", "pulsar",
-                  "solace", "datadog", "libhoney", "awsxray", "googlecloudpubsub", "stef", "receiver_creator"},
-    "processors": {"batch", "memory_limiter", "attributes", "cumulativetodelta", "coralogix", "deltatocumulative",
-                   "deltatorate", "filter", "geoip", "groupbyattrs", "groupbytrace", "interval", "isolationforest",
-                   "k8sattributes", "logdedup", "metricsgeneration", "metricstarttime", "metricstransform",
-                   "probabilistic_sampler", "redaction", "remotetap", "resourcedetection", "resource", "schema",
-                   "span", "sumologic", "tail_sampling", "transform"},
-    "exporters": {"debug", "nop", "otlp", "otlphttp", "alibabacloud_logservice", "awscloudwatchlogs", "awsemf",
-                  "awskinesis", "awsxray", "awss3", "azureblob", "azuredataexplorer", "azuremonitor", "bmchelix",
-                  "carbon", "cassandra", "clickhouse", "coralogix", "datadog", "dataset", "doris", "elasticsearch",
-                  "faro", "file", "googlecloud", "googlecloudpubsub", "googlemanagedprometheus", "honeycombmarker",
-                  "influxdb", "kafka", "loadbalancing", "logicmonitor", "logzio", "mezmo", "opensearch", "otelarrow",
-                  "prometheus", "prometheusremotewrite", "pulsar", "rabbitmq", "sapm", "sentry", "signalfx",
-                  "splunk_hec", "stef", "sumologic", "syslog", "tencentcloud_logservice", "tinybird", "zipkin"},
-    "extensions": {"zpages", "ack", "asapclient", "awsproxy", "azureauth", "basicauth", "bearertokenauth",
-                   "cgroupruntime", "datadog", "headers_setter", "health_check", "http_forwarder",
-                   "jaegerremotesampling", "oauth2client", "docker_observer", "ecs_observer", "ecs_task_observer",
-                   "host_observer", "k8s_observer", "kafkatopics_observer", "oidc", "opamp", "pprof", "sigv4auth",
-                   "file_storage", "db_storage", "redis_storage", "sumologic", "k8s_leader_elector"},
-    "connectors": {"forward", "count", "datadog", "exceptions", "failover", "grafanacloud", "otlpjson", "roundrobin",
-                   "routing", "servicegraph", "spanmetrics", "sum", "signaltometrics"},
+    "receivers": {
+        "otlp",
+        "nop",
+        "jaeger",
+        "zipkin",
+        "kafka",
+        "otelarrow",
+        "otlpjsonfile",
+        "skywalking",
+        "pulsar",
+        "solace",
+        "datadog",
+        "libhoney",
+        "awsxray",
+        "googlecloudpubsub",
+        "stef",
+        "receiver_creator",
+    },
+    "processors": {
+        "batch",
+        "memory_limiter",
+        "attributes",
+        "cumulativetodelta",
+        "coralogix",
+        "deltatocumulative",
+        "deltatorate",
+        "filter",
+        "geoip",
+        "groupbyattrs",
+        "groupbytrace",
+        "interval",
+        "isolationforest",
+        "k8sattributes",
+        "logdedup",
+        "metricsgeneration",
+        "metricstarttime",
+        "metricstransform",
+        "probabilistic_sampler",
+        "redaction",
+        "remotetap",
+        "resourcedetection",
+        "resource",
+        "schema",
+        "span",
+        "sumologic",
+        "tail_sampling",
+        "transform",
+    },
+    "exporters": {
+        "debug",
+        "nop",
+        "otlp",
+        "otlphttp",
+        "alibabacloud_logservice",
+        "awscloudwatchlogs",
+        "awsemf",
+        "awskinesis",
+        "awsxray",
+        "awss3",
+        "azureblob",
+        "azuredataexplorer",
+        "azuremonitor",
+        "bmchelix",
+        "carbon",
+        "cassandra",
+        "clickhouse",
+        "coralogix",
+        "datadog",
+        "dataset",
+        "doris",
+        "elasticsearch",
+        "faro",
+        "file",
+        "googlecloud",
+        "googlecloudpubsub",
+        "googlemanagedprometheus",
+        "honeycombmarker",
+        "influxdb",
+        "kafka",
+        "loadbalancing",
+        "logicmonitor",
+        "logzio",
+        "mezmo",
+        "opensearch",
+        "otelarrow",
+        "prometheus",
+        "prometheusremotewrite",
+        "pulsar",
+        "rabbitmq",
+        "sapm",
+        "sentry",
+        "signalfx",
+        "splunk_hec",
+        "stef",
+        "sumologic",
+        "syslog",
+        "tencentcloud_logservice",
+        "tinybird",
+        "zipkin",
+    },
+    "extensions": {
+        "zpages",
+        "ack",
+        "asapclient",
+        "awsproxy",
+        "azureauth",
+        "basicauth",
+        "bearertokenauth",
+        "cgroupruntime",
+        "datadog",
+        "headers_setter",
+        "health_check",
+        "http_forwarder",
+        "jaegerremotesampling",
+        "oauth2client",
+        "docker_observer",
+        "ecs_observer",
+        "ecs_task_observer",
+        "host_observer",
+        "k8s_observer",
+        "kafkatopics_observer",
+        "oidc",
+        "opamp",
+        "pprof",
+        "sigv4auth",
+        "file_storage",
+        "db_storage",
+        "redis_storage",
+        "sumologic",
+        "k8s_leader_elector",
+    },
+    "connectors": {
+        "forward",
+        "count",
+        "datadog",
+        "exceptions",
+        "failover",
+        "grafanacloud",
+        "otlpjson",
+        "roundrobin",
+        "routing",
+        "servicegraph",
+        "spanmetrics",
+        "sum",
+        "signaltometrics",
+    },
 }
 # Policy types of the tail sampling processor (processor/tailsamplingprocessor/README.md).
 TAIL_POLICIES = {"always_sample", "latency", "numeric_attribute", "probabilistic", "status_code", "string_attribute",
@@ -69,14 +194,18 @@ def test_every_component_is_in_the_contrib_distribution_and_every_pipeline_uses_
     config = _config(name)
     for kind in ("receivers", "processors", "exporters", "extensions", "connectors"):
         for component_id in config.get(kind) or {}:
-            assert _component_type(component_id) in CONTRIB[kind], f"{name}: {kind} {component_id!r} is not in otelcol-contrib"
+            assert _component_type(component_id) in CONTRIB[kind], (
+                f"{name}: {kind} {component_id!r} is not in otelcol-contrib"
+            )
     pipelines = config["service"]["pipelines"]
     assert pipelines
     for pipeline_id, pipeline in pipelines.items():
         assert _component_type(pipeline_id) in ("traces", "metrics", "logs")
         for kind in ("receivers", "processors", "exporters"):
             for component_id in pipeline.get(kind, []):
-                assert component_id in (config.get(kind) or {}), f"{name}: pipeline {pipeline_id} uses undefined {component_id!r}"
+                assert component_id in (config.get(kind) or {}), (
+                    f"{name}: pipeline {pipeline_id} uses undefined {component_id!r}"
+                )
         assert pipeline["receivers"] and pipeline["exporters"]
         # The memory limiter first (the collector's documented order), so it refuses before anything buffers.
         assert pipeline.get("processors", ["memory_limiter"])[0] == "memory_limiter"
@@ -86,7 +215,12 @@ def test_the_edge_tier_routes_whole_traces_to_one_sampler():
     config = _config(EDGE)
     loadbalancing = config["exporters"]["loadbalancing"]
     assert loadbalancing["routing_key"] == "traceID" and loadbalancing["routing_key"] in LOADBALANCING_ROUTING_KEYS
-    assert set(loadbalancing["protocol"]) <= {"otlp"} and set(loadbalancing["resolver"]) <= {"static", "dns", "k8s", "aws_cloud_map"}
+    assert set(loadbalancing["protocol"]) <= {"otlp"} and set(loadbalancing["resolver"]) <= {
+        "static",
+        "dns",
+        "k8s",
+        "aws_cloud_map",
+    }
     assert config["service"]["pipelines"]["traces"]["exporters"] == ["loadbalancing"]
     # Beside the sidecar, which owns the standard OTLP ports on the node.
     ports = {int(p["endpoint"].rsplit(":", 1)[1]) for p in config["receivers"]["otlp"]["protocols"].values()}
@@ -103,7 +237,11 @@ def test_the_sampler_keeps_errors_violators_and_step_spans_and_a_share_of_the_re
     assert by_type["status_code"]["status_codes"] == ["ERROR"]
     assert by_type["boolean_attribute"] == {"key": s.ATTR_SLO_VIOLATED, "value": True}
     steps = by_type["numeric_attribute"]
-    assert steps["key"] == s.ATTR_SAMPLE_WEIGHT and steps["min_value"] <= 1 and steps["max_value"] >= DEFAULT_DECODE_SAMPLE_EVERY
+    assert (
+        steps["key"] == s.ATTR_SAMPLE_WEIGHT
+        and steps["min_value"] <= 1
+        and steps["max_value"] >= DEFAULT_DECODE_SAMPLE_EVERY
+    )
     assert 0 < by_type["probabilistic"]["sampling_percentage"] < 100
     assert tail["num_traces"] > 0  # bounded
     processors = config["service"]["pipelines"]["traces"]["processors"]

@@ -47,8 +47,10 @@ PANEL_WAIT_S = 60.0
 
 # Panels that legitimately show nothing after a healthy run on this machine, with the reason.
 RARE_DATA = {
-    ("splitscope-kv-transfer", "Failures by reason"):
-        "no KV transfer fails in a healthy run; the series appear with the first failure",
+    (
+        "splitscope-kv-transfer",
+        "Failures by reason",
+    ): "no KV transfer fails in a healthy run; the series appear with the first failure",
 }
 # Fed only by engines watched through the sidecar (request spans of stock vLLM, SGLang); this stack runs
 # our own workers, whose step timing those panels stand in for (tests/e2e/test_request_interference_live.py).

@@ -137,7 +137,9 @@ def test_long_prompts_raise_decode_interference_and_a_recommendation(server: Ser
     assert recommendation[0]["metric"]["alertstate"] in ("pending", "firing")
     assert ratio and ratio[0] > DEFAULT_SETTINGS.interference_factor
     if "DecodeInterference" in active:
-        assert "slower than pure decode steps in pool colocated" in active["DecodeInterference"]["annotations"]["summary"]
+        assert (
+            "slower than pure decode steps in pool colocated" in active["DecodeInterference"]["annotations"]["summary"]
+        )
 
 
 def test_recurring_bursts_raise_a_recommendation_judged_over_the_horizon(server: ServerProcess, tmp_path: Path) -> None:

@@ -44,16 +44,58 @@ REQUESTS = 1200
 RATE_PER_S = 3.0  # the oracle's timeline; replayed SPEEDUP times faster
 SPEEDUP = 10.0
 TICK_S = 0.25  # wall seconds between posts of the requests finished meanwhile
-SETTINGS = replace(AlertSettings(), ttft_slo_s=1.5, itl_slo_s=0.075, itl_fallback_edge_s=0.05,
-                   recommend_attainment_ratio=0.98)
+SETTINGS = replace(
+    AlertSettings(), ttft_slo_s=1.5, itl_slo_s=0.075, itl_fallback_edge_s=0.05, recommend_attainment_ratio=0.98
+)
 FOR_SCALE = 0.005  # 10m -> 3 s, 15m -> 4.5 s
 WINDOW = "20s"  # every 5m window: 200 s of the oracle's timeline
 HORIZON = "30s"
 # vLLM 0.32's own buckets (vllm/v1/metrics/loggers.py), so the rules' fallback edges are exercised.
-VLLM_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                       10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-VLLM_ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                      20.0, 40.0, 80.0)
+VLLM_TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+VLLM_ITL_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 RECOMMENDATIONS = ("DecodeInterference", "SplitRecommended", "ChunkedPrefillRecommended")
 
 
@@ -67,8 +109,12 @@ class Engine:
 
     def post(self, lines: list[str]) -> None:
         for line in lines:
-            request = urllib.request.Request(f"http://127.0.0.1:{self.sidecar.http_port}/v1/traces", data=line.encode(),
-                                             headers={"Content-Type": "application/json"}, method="POST")
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{self.sidecar.http_port}/v1/traces",
+                data=line.encode(),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+            )
             with urllib.request.urlopen(request, timeout=10) as response:
                 assert response.status == 200
 
@@ -80,10 +126,12 @@ def deployment(run: Run, stack: ExitStack) -> Iterator[list[str]]:
     engines = []
     for worker in range(run.deployment.workers):
         registry = CollectorRegistry()
-        ttft = Histogram("vllm:time_to_first_token_seconds", "TTFT", ["model_name"], buckets=VLLM_TTFT_BUCKETS_S,
-                         registry=registry)
-        itl = Histogram("vllm:inter_token_latency_seconds", "ITL", ["model_name"], buckets=VLLM_ITL_BUCKETS_S,
-                        registry=registry)
+        ttft = Histogram(
+            "vllm:time_to_first_token_seconds", "TTFT", ["model_name"], buckets=VLLM_TTFT_BUCKETS_S, registry=registry
+        )
+        itl = Histogram(
+            "vllm:inter_token_latency_seconds", "ITL", ["model_name"], buckets=VLLM_ITL_BUCKETS_S, registry=registry
+        )
         engine_target = stack.enter_context(serving_registry(registry, free_port()))
         config = SidecarConfig(http_port=0, grpc_port=None, metrics_port=0, pool=Pool.COLOCATED,
                                worker=f"vllm-{worker}", mode=Mode.COLOCATED, gpu=False, environ={},

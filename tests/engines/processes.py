@@ -61,7 +61,9 @@ class ChildProcess:
             except OSError:
                 pass
             if self.process.poll() is not None:
-                pytest.fail(f"{self.name} exited ({self.process.returncode}) before answering {url}:\n{self.log_tail()}")
+                pytest.fail(
+                    f"{self.name} exited ({self.process.returncode}) before answering {url}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 pytest.fail(f"{self.name}: {url} did not answer within {timeout_s:g} s:\n{self.log_tail()}")
             time.sleep(_POLL_S)

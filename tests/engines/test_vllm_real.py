@@ -73,7 +73,9 @@ def _sum(families: dict, family: str, sample: str, **labels: str) -> float:
     found = families.get(family)
     if found is None:
         return 0.0
-    return sum(x.value for x in found.samples if x.name == sample and all(x.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        x.value for x in found.samples if x.name == sample and all(x.labels.get(k) == v for k, v in labels.items())
+    )
 
 
 def _requests_done(vllm_url: str) -> float:
@@ -205,12 +207,24 @@ def test_sidecar_metrics_carry_vllms_counts(stack: Stack) -> None:
     ]  # fmt: skip
     for (family, sample, labels), (v_family, v_sample, v_labels) in pairs:
         assert v_family in engine, f"vLLM no longer exposes {v_family}"
-        assert _sum(ours, family, sample, **labels) == pytest.approx(_sum(engine, v_family, v_sample, **v_labels)), sample
+        assert _sum(ours, family, sample, **labels) == pytest.approx(_sum(engine, v_family, v_sample, **v_labels)), (
+            sample
+        )
     # And against the client: every request answered with its tokens, counted once.
     ok = [r for r in stack.load["requests"] if r["status"] == "ok"]
     assert len(ok) == REQUESTS
-    assert _sum(ours, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_count", **model) == REQUESTS
-    assert _sum(ours, "splitscope_tokens", "splitscope_tokens_total", phase="decode") == sum(r["output_tokens"] for r in ok)
+    assert (
+        _sum(
+            ours,
+            "gen_ai_server_time_to_first_token_seconds",
+            "gen_ai_server_time_to_first_token_seconds_count",
+            **model,
+        )
+        == REQUESTS
+    )
+    assert _sum(ours, "splitscope_tokens", "splitscope_tokens_total", phase="decode") == sum(
+        r["output_tokens"] for r in ok
+    )
     assert _sum(ours, REQUESTS_FINISHED, REQUESTS_FINISHED + "_total", reason="length") == REQUESTS
     # Every token of the step histogram is a prefill or a decode token of some step.
     assert _sum(ours, STEP_TOKENS, STEP_TOKENS + "_sum") == _sum(ours, "splitscope_tokens", "splitscope_tokens_total")
@@ -294,9 +308,14 @@ def test_without_a_scrape_vllms_spans_feed_the_metrics_with_the_model_flag(stack
             ("gen_ai_server_time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds"),
             ("gen_ai_server_request_duration_seconds_sum", "vllm:e2e_request_latency_seconds"),
         ):
-            assert registry.get_sample_value(ours, model) == pytest.approx(_sum(engine, theirs, theirs + "_sum"), rel=1e-6)
+            assert registry.get_sample_value(ours, model) == pytest.approx(
+                _sum(engine, theirs, theirs + "_sum"), rel=1e-6
+            )
         stage = "splitscope_stage_duration_seconds_sum"
-        for name, theirs in (("queue", "vllm:request_queue_time_seconds"), ("prefill", "vllm:request_prefill_time_seconds")):
+        for name, theirs in (
+            ("queue", "vllm:request_queue_time_seconds"),
+            ("prefill", "vllm:request_prefill_time_seconds"),
+        ):
             assert registry.get_sample_value(stage, {"stage": name, "pool": "colocated"}) == pytest.approx(
                 _sum(engine, theirs, theirs + "_sum"), abs=1e-6 * REQUESTS)  # fmt: skip
         exposed = {f.name: f for f in registry.collect()}
@@ -330,7 +349,9 @@ def test_committed_rules_evaluate_on_vllm_data_and_say_what_they_lack(stack: Sta
     stack.prom.wait_for_rules_evaluated(timeout_s=30)
     for record in VLLM_FED_RECORDS:
         stack.prom.wait_for(record, lambda result: bool(finite_values(result)), timeout_s=PANEL_WAIT_S)
-    unhealthy = [(r["name"], r.get("lastError")) for g in stack.prom.rule_groups() for r in g["rules"] if r["health"] != "ok"]
+    unhealthy = [
+        (r["name"], r.get("lastError")) for g in stack.prom.rule_groups() for r in g["rules"] if r["health"] != "ok"
+    ]
     assert unhealthy == []
     for record in VLLM_UNFED_RECORDS:  # if one of these gains data, docs/engines.md is out of date
         assert not finite_values(stack.prom.query(record)), record
@@ -342,6 +363,7 @@ def test_request_level_interference_families_agree_with_vllms_own_metrics(stack:
     once, its TPOT and decode time close to what vLLM's own /metrics recorded (the decode stage starts no
     earlier than the front end's first token, which trims a few milliseconds where the engine core's
     clock runs ahead: docs/engines.md), busy time within the requests' windows."""
+
     def classified(families: dict) -> float:
         return sum(_sum(families, "splitscope_decode_tpot_seconds", "splitscope_decode_tpot_seconds_count",
                         prefill_overlap=flag) for flag in ("true", "false"))  # fmt: skip
@@ -366,7 +388,9 @@ def test_request_level_interference_families_agree_with_vllms_own_metrics(stack:
     assert steps == sum(r["output_tokens"] - 1 for r in stack.load["requests"])
     # At 6 requests/s with up to 8 running, decodes overlap other requests' prefills: the prefill-carrying
     # steps are some, not all, of the overlapped decodes' steps.
-    prefill_steps = _sum(ours, "splitscope_decode_overlap_prefill_steps", "splitscope_decode_overlap_prefill_steps_total")
+    prefill_steps = _sum(
+        ours, "splitscope_decode_overlap_prefill_steps", "splitscope_decode_overlap_prefill_steps_total"
+    )
     steps_true = _sum(ours, "splitscope_decode_overlap_classified_steps", "splitscope_decode_overlap_classified_steps_total",
                       prefill_overlap="true")  # fmt: skip
     assert 0 < prefill_steps < steps_true
@@ -383,7 +407,9 @@ def test_scrape_health_when_vllm_goes_away(stack: Stack) -> None:
     assert _sum(_families(stack.sidecar_url + "/metrics"), ENGINE_SCRAPE_UP, ENGINE_SCRAPE_UP, engine="vllm") == 1
     stack.vllm_process.stop()
     ours = _families(stack.sidecar_url + "/metrics")
-    assert ours[ENGINE_SCRAPE_UP].samples[0].labels == {"engine": "vllm"} and ours[ENGINE_SCRAPE_UP].samples[0].value == 0
+    assert (
+        ours[ENGINE_SCRAPE_UP].samples[0].labels == {"engine": "vllm"} and ours[ENGINE_SCRAPE_UP].samples[0].value == 0
+    )
     # The mapped engine series are gone, not frozen: nothing reads as measured while vLLM is down.
     assert not ours["splitscope_requests_running"].samples and not ours["splitscope_tokens"].samples
     assert "cannot scrape" in stack.sidecar_process.log_tail(200)

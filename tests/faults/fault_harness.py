@@ -222,7 +222,9 @@ def interleaved(healthy: Server, faulted: Server, *, slices: int = 6, slice_s: f
     changing load falls on both alike; a slow drift cancels, and a fault that costs serving time shows."""
     phase = Phase()
     for i in range(slices):
-        order = (("healthy", healthy), ("faulted", faulted)) if i % 2 == 0 else (("faulted", faulted), ("healthy", healthy))
+        order = (
+            (("healthy", healthy), ("faulted", faulted)) if i % 2 == 0 else (("faulted", faulted), ("healthy", healthy))
+        )
         for label, server in order:
             getattr(phase, label).append(closed_loop(server, slice_s, label))
     return phase
@@ -266,7 +268,7 @@ def socket_inodes(pid: int) -> set[int]:
         except OSError:  # closed meanwhile
             continue
         if target.startswith("socket:["):
-            inodes.add(int(target[len("socket:["):-1]))
+            inodes.add(int(target[len("socket:[") : -1]))
     return inodes
 
 
@@ -276,6 +278,8 @@ def unread_bytes_sent_by(sender_pid: int, receiver_pid: int) -> int:
     rows = tcp_rows()
     receiver, sender = socket_inodes(receiver_pid), socket_inodes(sender_pid)
     listening = {r.local_port for r in rows if r.state == TCP_LISTEN and r.inode in receiver}
-    sender_ports = {r.local_port for r in rows if r.state == TCP_ESTABLISHED and r.inode in sender and r.remote_port in listening}
+    sender_ports = {
+        r.local_port for r in rows if r.state == TCP_ESTABLISHED and r.inode in sender and r.remote_port in listening
+    }
     return sum(r.rx_queue_bytes for r in rows
                if r.state == TCP_ESTABLISHED and r.local_port in listening and r.remote_port in sender_ports)  # fmt: skip

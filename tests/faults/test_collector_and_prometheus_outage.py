@@ -47,8 +47,14 @@ class Deployment:
         self.protocol = protocol
         port = free_port()
         self.collector_traces = tmp_dir / "collector-traces.jsonl"
-        listen = ["--http-port", str(port), "--no-grpc"] if protocol == "http/protobuf" else ["--grpc-port", str(port), "--no-http"]
-        self.collector = SidecarProcess(tmp_dir / "collector.log", *listen, "--traces-file", str(self.collector_traces)).start()
+        listen = (
+            ["--http-port", str(port), "--no-grpc"]
+            if protocol == "http/protobuf"
+            else ["--grpc-port", str(port), "--no-http"]
+        )
+        self.collector = SidecarProcess(
+            tmp_dir / "collector.log", *listen, "--traces-file", str(self.collector_traces)
+        ).start()
         environ = {
             "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
             "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
@@ -116,14 +122,18 @@ def test_serving_keeps_its_throughput_when_the_otlp_collector_is_dead(deployment
     figures = f"grpc collector dead: {first.describe()}; http collector dead: {second.describe()}"
     print(f"throughput with the OTLP collector dead: {ratio:.1%} of healthy ({figures})")
     assert first.errors == second.errors == 0, figures
-    assert ratio >= MIN_THROUGHPUT_RATIO, f"with its collector dead a server ran at {ratio:.1%} of the healthy one's throughput ({figures})"
+    assert ratio >= MIN_THROUGHPUT_RATIO, (
+        f"with its collector dead a server ran at {ratio:.1%} of the healthy one's throughput ({figures})"
+    )
     bound = QUEUE_CAP_SPANS * BYTES_PER_QUEUED_SPAN + SERVER_RSS_SLACK_BYTES
     for d in deployments:
         drops = dropped_records(d.server, "export_queue_full") - drops_before[d.protocol]
         assert drops > 0, f"spans the full {d.protocol} export queue displaced were not counted"
         for name, before in rss_before[d.protocol].items():
             growth = rss_after[d.protocol][name] - before
-            assert growth < bound, f"{name} grew {growth / 2**20:.1f} MiB over its outage (bound {bound / 2**20:.0f} MiB)"
+            assert growth < bound, (
+                f"{name} grew {growth / 2**20:.1f} MiB over its outage (bound {bound / 2**20:.0f} MiB)"
+            )
 
 
 def scraped(stack: ExitStack, *deployments: Deployment) -> list[PrometheusHandle]:
@@ -161,7 +171,9 @@ def test_serving_keeps_its_throughput_when_prometheus_is_stopped(deployments):
     figures = f"b unscraped: {first.describe()}; a unscraped: {second.describe()}"
     print(f"throughput with Prometheus stopped: {ratio:.1%} of healthy ({figures})")
     assert first.errors == second.errors == 0, figures
-    assert ratio >= MIN_THROUGHPUT_RATIO, f"with its Prometheus stopped a server ran at {ratio:.1%} of the scraped one's throughput ({figures})"
+    assert ratio >= MIN_THROUGHPUT_RATIO, (
+        f"with its Prometheus stopped a server ran at {ratio:.1%} of the scraped one's throughput ({figures})"
+    )
     for d in deployments:  # whoever scrapes next still gets an answer
         status, body, _ = http("GET", f"http://127.0.0.1:{d.server.metrics_port}/metrics")
         assert status == 200 and b"splitscope_pool_workers" in body

@@ -30,7 +30,9 @@ BYSTANDER_TOKENS = 900
 
 def _stream(server: Server, body: dict) -> http.client.HTTPResponse:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
-    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"})
+    connection.request(
+        "POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"}
+    )
     return connection.getresponse()
 
 
@@ -57,15 +59,21 @@ def test_killing_a_decode_worker_mid_transfer_fails_only_that_request_and_frees_
 
         client = threading.Thread(target=doomed, daemon=True)
         client.start()
-        wait_for(lambda: metric_value(server, "splitscope_requests_waiting", worker="decode-1") == 1, 30,
-                 "decode-1 to expect the request's KV")
+        wait_for(
+            lambda: metric_value(server, "splitscope_requests_waiting", worker="decode-1") == 1,
+            30,
+            "decode-1 to expect the request's KV",
+        )
 
         os.kill(pids["decode-1"], signal.SIGSTOP)
         stopped.append(pids["decode-1"])
         os.kill(pids["prefill-0"], signal.SIGCONT)
         stopped.remove(pids["prefill-0"])
-        wait_for(lambda: unread_bytes_sent_by(pids["prefill-0"], pids["decode-1"]) > 0, 30,
-                 "the KV transfer's first bytes to wait in the stopped decode worker's socket")
+        wait_for(
+            lambda: unread_bytes_sent_by(pids["prefill-0"], pids["decode-1"]) > 0,
+            30,
+            "the KV transfer's first bytes to wait in the stopped decode worker's socket",
+        )
         assert metric_value(server, "splitscope_kv_cache_usage_ratio", worker="prefill-0") > 0  # held by the transfer
 
         killed_at = time.monotonic()
@@ -80,8 +88,11 @@ def test_killing_a_decode_worker_mid_transfer_fails_only_that_request_and_frees_
         assert answer["at"] - killed_at < KV_IO_TIMEOUT_S, f"error came {answer['at'] - killed_at:.1f} s after the kill"
 
         # The prefill side got its blocks back.
-        wait_for(lambda: metric_value(server, "splitscope_kv_cache_usage_ratio", worker="prefill-0") == 0, 30,
-                 "prefill-0's KV cache to be empty again")
+        wait_for(
+            lambda: metric_value(server, "splitscope_kv_cache_usage_ratio", worker="prefill-0") == 0,
+            30,
+            "prefill-0's KV cache to be empty again",
+        )
 
         # The bystander never noticed.
         events = sse_events(bystander_first_event + bystander.read())
@@ -106,7 +117,10 @@ def test_killing_a_decode_worker_mid_transfer_fails_only_that_request_and_frees_
 
         transfer, root = wait_for(failed_transfer, 30, "the failed kv_transfer span and its request's root span")
         assert transfer.attributes["error.type"] == "connection"
-        assert transfer.attributes["splitscope.kv.dst"] == "decode-1" and transfer.attributes["splitscope.worker"] == "prefill-0"
+        assert (
+            transfer.attributes["splitscope.kv.dst"] == "decode-1"
+            and transfer.attributes["splitscope.worker"] == "prefill-0"
+        )
         assert transfer.trace_id == root.trace_id
         assert root.attributes["error.type"] in ("kv_transfer", "worker_failed")
     finally:

@@ -87,7 +87,9 @@ def test_flush_and_shutdown_keep_their_limits_when_the_collector_is_dead(protoco
 
 def test_otel_bsp_settings_are_honoured_and_bad_ones_refused(tmp_path):
     traces_file = str(tmp_path / "traces.jsonl")
-    (processor,) = span_processors(traces_file, {"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"})
+    (processor,) = span_processors(
+        traces_file, {"OTEL_BSP_MAX_QUEUE_SIZE": "100", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "512"}
+    )
     try:
         assert processor._batch_processor._max_queue_size == 100
         assert processor._batch_processor._max_export_batch_size == 100  # never above the queue
@@ -117,7 +119,9 @@ def test_a_sidecar_whose_collector_is_dead_counts_what_its_export_queue_drops(tm
         assert sidecar.queue.offer(Batch((("service.name", "w0"),), batch))
 
         def dropped() -> float:
-            return sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "export_queue_full"})
+            return sidecar.registry.get_sample_value(
+                "splitscope_tracer_dropped_records_total", {"reason": "export_queue_full"}
+            )
 
         wait_for(lambda: dropped() >= 1000 - 128 - 32, 30, "the sidecar to count its export queue's drops")
     finally:

@@ -62,8 +62,11 @@ def floods() -> dict[str, dict]:
     """Run the three floods side by side; their results by kind."""
     children = {
         kind: subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.flood_tracing", kind, str(spans)], cwd=REPO_ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", "tests.faults.flood_tracing", kind, str(spans)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
         )
         for kind, spans in SPANS.items()
     }

@@ -81,7 +81,9 @@ def test_serving_keeps_its_throughput_when_the_sidecar_is_killed(tmp_path):
         figures = f"b's sidecar dead: {first.describe()}; a's sidecar dead: {second.describe()}"
         print(f"throughput with the sidecar dead: {ratio:.1%} of healthy ({figures})")
         assert first.errors == second.errors == 0, figures
-        assert ratio >= MIN_THROUGHPUT_RATIO, f"with its sidecar dead a server ran at {ratio:.1%} of the healthy one's throughput ({figures})"
+        assert ratio >= MIN_THROUGHPUT_RATIO, (
+            f"with its sidecar dead a server ran at {ratio:.1%} of the healthy one's throughput ({figures})"
+        )
         for d in deployments:
             # The kill broke the connections of the router and the worker: the spans caught mid-send count.
             drops = dropped_records(d.server, "sidecar_unreachable") - drops_before[id(d)]
@@ -89,7 +91,9 @@ def test_serving_keeps_its_throughput_when_the_sidecar_is_killed(tmp_path):
             bound = SINK_CAP_SPANS * ENCODED_BYTES_PER_SPAN + SERVER_RSS_SLACK_BYTES
             for name, before in rss_before[id(d)].items():
                 growth = server_rss_bytes(d.server)[name] - before
-                assert growth < bound, f"{name} grew {growth / 2**20:.1f} MiB over the outage (bound {bound / 2**20:.0f} MiB)"
+                assert growth < bound, (
+                    f"{name} grew {growth / 2**20:.1f} MiB over the outage (bound {bound / 2**20:.0f} MiB)"
+                )
     finally:
         for d in deployments:
             d.close()

@@ -106,8 +106,9 @@ class FakeCompletionsServer:
             await _event(response, {"error": {"message": "engine died", "code": 500}})
             return response
         prompt_tokens = len(body["prompt"])
-        await _event(response, {"choices": [], "usage": {"prompt_tokens": prompt_tokens,
-                                                          "completion_tokens": n_tokens}})
+        await _event(
+            response, {"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n_tokens}}
+        )
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

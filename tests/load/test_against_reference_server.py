@@ -36,7 +36,9 @@ REPLAY = [
 @pytest.fixture(scope="module")
 def server_and_traces(tmp_path_factory):
     traces = tmp_path_factory.mktemp("load-ref") / "traces.jsonl"
-    with ServerProcess(["--preset", "tiny", "--mode", "colocated", "--workers", "1", "--traces-file", str(traces)]) as server:
+    with ServerProcess(
+        ["--preset", "tiny", "--mode", "colocated", "--workers", "1", "--traces-file", str(traces)]
+    ) as server:
         yield server, traces
 
 
@@ -45,8 +47,9 @@ def test_replay_against_the_reference_server(server_and_traces, tmp_path):
     replay = tmp_path / "replay.jsonl"
     replay.write_text("\n".join(json.dumps(line) for line in REPLAY) + "\n")
     slo = ClientSLO(ttft_s=0.5, itl_s=0.2)
-    result = run_load_sync(LoadConfig(url=server.url, model="tiny", replay_path=str(replay), slo=slo, seed=1,
-                                      shared_prefix_tokens=32))
+    result = run_load_sync(
+        LoadConfig(url=server.url, model="tiny", replay_path=str(replay), slo=slo, seed=1, shared_prefix_tokens=32)
+    )
 
     records = result.records
     assert [r.status for r in records] == ["ok"] * len(REPLAY)

@@ -22,16 +22,40 @@ def _load(*args: str) -> tuple[int, str]:
 
 def test_load_writes_results_and_prints_the_summary(fake_server, tmp_path: Path) -> None:
     out = tmp_path / "results.json"
-    code, output = _load("--url", fake_server.url, "--model", "m", "--rate", "50", "--requests", "6",
-                         "--prompt-tokens", "12", "--output-tokens", "3", "--slo-ttft", "500ms", "--slo-itl", "0.2",
-                         "--sessions", "2", "--shared-prefix-tokens", "5", "--seed", "11", "--out", str(out))
+    code, output = _load(
+        "--url",
+        fake_server.url,
+        "--model",
+        "m",
+        "--rate",
+        "50",
+        "--requests",
+        "6",
+        "--prompt-tokens",
+        "12",
+        "--output-tokens",
+        "3",
+        "--slo-ttft",
+        "500ms",
+        "--slo-itl",
+        "0.2",
+        "--sessions",
+        "2",
+        "--shared-prefix-tokens",
+        "5",
+        "--seed",
+        "11",
+        "--out",
+        str(out),
+    )
     assert code == 0, output
     assert "goodput" in output and "time to first token" in output
     doc = json.loads(out.read_text())
     assert doc["config"]["seed"] == 11 and doc["config"]["slo"] == {"ttft_s": 0.5, "itl_s": 0.2, "tpot_s": None}
     assert doc["summary"]["ok"] == 6 == len(doc["requests"]) == len(fake_server.received)
     assert {r["trace_id"] for r in doc["requests"]} == {
-        r.headers["traceparent"].split("-")[1] for r in fake_server.received}
+        r.headers["traceparent"].split("-")[1] for r in fake_server.received
+    }
     users = {r.body["user"] for r in fake_server.received}
     assert users <= {"session-0", "session-1"}
     for got in fake_server.received:
@@ -45,13 +69,36 @@ def test_load_writes_results_and_prints_the_summary(fake_server, tmp_path: Path)
 def test_same_seed_gives_the_same_run(fake_server, tmp_path: Path) -> None:
     def run(seed: str) -> list[tuple]:
         out = tmp_path / f"run-{seed}-{len(list(tmp_path.iterdir()))}.json"
-        code, output = _load("--url", fake_server.url, "--model", "m", "--rate", "100", "--requests", "8",
-                             "--prompt-tokens", "20", "--prompt-sigma", "0.8", "--output-tokens", "2",
-                             "--output-sigma", "0.5", "--sessions", "3", "--seed", seed, "--no-progress",
-                             "--out", str(out))
+        code, output = _load(
+            "--url",
+            fake_server.url,
+            "--model",
+            "m",
+            "--rate",
+            "100",
+            "--requests",
+            "8",
+            "--prompt-tokens",
+            "20",
+            "--prompt-sigma",
+            "0.8",
+            "--output-tokens",
+            "2",
+            "--output-sigma",
+            "0.5",
+            "--sessions",
+            "3",
+            "--seed",
+            seed,
+            "--no-progress",
+            "--out",
+            str(out),
+        )
         assert code == 0, output
-        return [(r["scheduled_s"], r["prompt_tokens"], r["requested_output_tokens"], r["session"])
-                for r in json.loads(out.read_text())["requests"]]
+        return [
+            (r["scheduled_s"], r["prompt_tokens"], r["requested_output_tokens"], r["session"])
+            for r in json.loads(out.read_text())["requests"]
+        ]
 
     first = run("42")
     prompts_first = sorted(r.body["prompt"] for r in fake_server.received)
@@ -88,8 +135,9 @@ def test_bad_replay_file_names_its_line(tmp_path: Path) -> None:
 
 def test_a_run_where_every_request_fails_exits_non_zero(port: int, tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    code, output = _load("--url", f"http://127.0.0.1:{port}", "--model", "m", "--rate", "inf", "--requests", "2",
-                         "--out", str(out))
+    code, output = _load(
+        "--url", f"http://127.0.0.1:{port}", "--model", "m", "--rate", "inf", "--requests", "2", "--out", str(out)
+    )
     assert code == 1
     assert "all 2 requests failed; first: connect" in output
     assert json.loads(out.read_text())["summary"]["errors_by_kind"]["connect"] == 2
@@ -99,9 +147,28 @@ def test_ctrl_c_stops_the_schedule_and_keeps_the_results(fake_server, tmp_path: 
     out = tmp_path / "r.json"
     repo_root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
-        [sys.executable, "-c", "from tracer.cli import main; main()", "load", "--url", fake_server.url,
-         "--model", "m", "--rate", "20", "--duration", "60", "--output-tokens", "2", "--out", str(out)],
-        cwd=repo_root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from tracer.cli import main; main()",
+            "load",
+            "--url",
+            fake_server.url,
+            "--model",
+            "m",
+            "--rate",
+            "20",
+            "--duration",
+            "60",
+            "--output-tokens",
+            "2",
+            "--out",
+            str(out),
+        ],
+        cwd=repo_root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline_s = time.monotonic() + 30

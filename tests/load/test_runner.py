@@ -36,8 +36,13 @@ def _by_trace_id(server) -> dict:  # type: ignore[no-untyped-def]
 
 def test_measurements_follow_the_server_timing_and_summary_recomputes_from_records(fake_server, tmp_path) -> None:
     rows = [[0.03 * i, 8 + i, 6, "slow" if i % 3 == 0 else f"s{i}"] for i in range(9)]
-    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows),
-                        slo=ClientSLO(ttft_s=0.12, itl_s=0.05), seed=1)
+    config = LoadConfig(
+        url=fake_server.url,
+        model="m",
+        replay_path=_replay(tmp_path, rows),
+        slo=ClientSLO(ttft_s=0.12, itl_s=0.05),
+        seed=1,
+    )
     result = run_load_sync(config)
 
     for record in result.records:
@@ -93,8 +98,15 @@ def test_replay_is_honoured_and_every_request_carries_a_valid_traceparent(fake_s
 
 
 def test_bursts_arrive_when_scheduled_and_a_duration_run_lasts_its_duration(fake_server) -> None:
-    config = LoadConfig(url=fake_server.url, model="m", rate_rps=0.0, burst=BurstSpec(0.3, 3, 300),
-                        duration_s=1.0, output=LengthSpec(2), seed=3)
+    config = LoadConfig(
+        url=fake_server.url,
+        model="m",
+        rate_rps=0.0,
+        burst=BurstSpec(0.3, 3, 300),
+        duration_s=1.0,
+        output=LengthSpec(2),
+        seed=3,
+    )
     result = run_load_sync(config)
 
     assert [r.scheduled_s for r in result.records] == pytest.approx([0.3] * 3 + [0.6] * 3 + [0.9] * 3)
@@ -116,8 +128,9 @@ def test_arrivals_never_wait_on_responses(fake_server, tmp_path) -> None:
     received = _by_trace_id(fake_server)
     assert len(received) == 6
     for record in result.records:
-        assert received[record.trace_id].unix_s - result.started_unix_s == pytest.approx(record.scheduled_s,
-                                                                                          abs=ON_TIME_S)
+        assert received[record.trace_id].unix_s - result.started_unix_s == pytest.approx(
+            record.scheduled_s, abs=ON_TIME_S
+        )
         assert record.error_kind == "timeout"
     assert result.summary.schedule_lag.max < ON_TIME_S
 
@@ -129,15 +142,30 @@ def test_errors_are_counted_by_kind_and_the_run_completes(fake_server, tmp_path)
     result = run_load_sync(config)
 
     kinds = [r.error_kind for r in result.records]
-    assert kinds == [None, "http_5xx", "http_4xx", "stream_closed", "timeout", "bad_event", "bad_event", "bad_event",
-                     None]
+    assert kinds == [
+        None,
+        "http_5xx",
+        "http_4xx",
+        "stream_closed",
+        "timeout",
+        "bad_event",
+        "bad_event",
+        "bad_event",
+        None,
+    ]
     assert result.records[1].http_status == 500 and "boom" in result.records[1].error_detail
     assert result.records[3].output_chunks == 2  # what arrived before the cut is kept
     summary = result.summary
     assert "too long" in result.records[7].error_detail
     assert (summary.scheduled, summary.sent, summary.ok, summary.errors) == (9, 9, 2, 7)
-    assert summary.errors_by_kind == {"http_4xx": 1, "http_5xx": 1, "connect": 0, "stream_closed": 1,
-                                      "timeout": 1, "bad_event": 3}
+    assert summary.errors_by_kind == {
+        "http_4xx": 1,
+        "http_5xx": 1,
+        "connect": 0,
+        "stream_closed": 1,
+        "timeout": 1,
+        "bad_event": 3,
+    }
     assert summary.latency["ttft_s"].count == 2  # percentiles cover successful requests only
 
 
@@ -150,8 +178,9 @@ def test_connection_refused_is_a_connect_error(port: int) -> None:
 
 def test_max_inflight_cap_skips_and_counts_instead_of_delaying(fake_server, tmp_path) -> None:
     rows = [[0.0, 4, 2, "stall"]] * 2 + [[0.05, 4, 2], [0.1, 4, 2], [0.8, 4, 2]]
-    config = LoadConfig(url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.4,
-                        max_inflight=2, seed=7)
+    config = LoadConfig(
+        url=fake_server.url, model="m", replay_path=_replay(tmp_path, rows), timeout_s=0.4, max_inflight=2, seed=7
+    )
     result: LoadResult = run_load_sync(config)
 
     assert [r.status for r in result.records] == ["error", "error", SKIPPED, SKIPPED, OK]

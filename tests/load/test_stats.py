@@ -11,8 +11,14 @@ from tracer.load.stats import Distribution, itl_p99_s, meets_slo, summarize
 
 
 def _record(index: int, *, ttft_s: float, itl_s: list[float], tokens: int | None = None) -> RequestRecord:
-    record = RequestRecord(index=index, source="replay", session=None, scheduled_s=float(index),
-                           prompt_tokens=10, requested_output_tokens=len(itl_s) + 1)
+    record = RequestRecord(
+        index=index,
+        source="replay",
+        session=None,
+        scheduled_s=float(index),
+        prompt_tokens=10,
+        requested_output_tokens=len(itl_s) + 1,
+    )
     record.sent_s = index + 0.001 * index
     record.lag_s = record.sent_s - record.scheduled_s
     record.ttft_s = ttft_s
@@ -48,13 +54,20 @@ def test_slo_checks_ttft_itl_p99_and_tpot() -> None:
 def test_summary_counts_attainment_and_goodput() -> None:
     records = [_record(i, ttft_s=0.05 * (i + 1), itl_s=[0.01, 0.02 * i]) for i in range(6)]
     records[4].fail(BAD_EVENT, "junk")
-    records[5] = RequestRecord(index=5, source="replay", session=None, scheduled_s=5.0, prompt_tokens=1,
-                               requested_output_tokens=1)
+    records[5] = RequestRecord(
+        index=5, source="replay", session=None, scheduled_s=5.0, prompt_tokens=1, requested_output_tokens=1
+    )
     records[5].fail(INFLIGHT_CAP, "cap")
     slo = ClientSLO(ttft_s=0.125, itl_s=0.03)
     summary = summarize(records, slo, wall_s=8.0)
 
-    assert (summary.scheduled, summary.sent, summary.ok, summary.errors, summary.skipped_inflight_cap) == (6, 5, 4, 1, 1)
+    assert (summary.scheduled, summary.sent, summary.ok, summary.errors, summary.skipped_inflight_cap) == (
+        6,
+        5,
+        4,
+        1,
+        1,
+    )
     assert summary.errors_by_kind["bad_event"] == 1 and sum(summary.errors_by_kind.values()) == 1
     # Meeting both: ttft <= 0.125 -> records 0,1; their p99 gaps 0.0199..., 0.02 <= 0.03.
     assert summary.slo_met == 2

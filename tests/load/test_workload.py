@@ -31,8 +31,9 @@ def test_poisson_schedule_is_reproducible_with_a_seed_and_changes_with_it() -> N
     config = _config(rate_rps=20.0, requests=200, prompt=LengthSpec(100, 0.5), output=LengthSpec(50, 0.3), seed=7)
     first, again = build_schedule(config), build_schedule(config)
     assert first == again
-    other = build_schedule(_config(rate_rps=20.0, requests=200, prompt=LengthSpec(100, 0.5),
-                                   output=LengthSpec(50, 0.3), seed=8))
+    other = build_schedule(
+        _config(rate_rps=20.0, requests=200, prompt=LengthSpec(100, 0.5), output=LengthSpec(50, 0.3), seed=8)
+    )
     assert [p.arrival_s for p in first] != [p.arrival_s for p in other]
 
 
@@ -65,14 +66,16 @@ def test_lognormal_lengths_have_the_asked_median_and_stay_within_the_cap() -> No
 
 
 def test_bursts_arrive_every_period_with_long_prompts() -> None:
-    config = _config(burst=BurstSpec(every_s=0.5, count=3, prompt_tokens=4000), duration_s=2.0, seed=0,
-                     prompt=LengthSpec(10))
+    config = _config(
+        burst=BurstSpec(every_s=0.5, count=3, prompt_tokens=4000), duration_s=2.0, seed=0, prompt=LengthSpec(10)
+    )
     schedule = build_schedule(config)
     assert [p.arrival_s for p in schedule] == [0.5] * 3 + [1.0] * 3 + [1.5] * 3
     assert all(p.source == BURST and p.prompt_tokens == 4000 for p in schedule)
 
-    mixed = build_schedule(_config(rate_rps=10.0, burst=BurstSpec(1.0, 2, 3000), duration_s=3.0, seed=0,
-                                   prompt=LengthSpec(10)))
+    mixed = build_schedule(
+        _config(rate_rps=10.0, burst=BurstSpec(1.0, 2, 3000), duration_s=3.0, seed=0, prompt=LengthSpec(10))
+    )
     bursts = [p for p in mixed if p.source == BURST]
     assert [p.arrival_s for p in bursts] == [1.0, 1.0, 2.0, 2.0]
     assert all(p.prompt_tokens == 10 for p in mixed if p.source == POISSON)
@@ -91,8 +94,9 @@ def test_request_bound_with_bursts_only_takes_the_first_n_arrivals() -> None:
 
 
 def test_sessions_share_a_literal_prefix_and_prompt_lengths_are_exact_in_bytes() -> None:
-    config = _config(rate_rps=100.0, requests=60, sessions=3, shared_prefix_tokens=40,
-                     prompt=LengthSpec(120, 0.4, 400), seed=5)
+    config = _config(
+        rate_rps=100.0, requests=60, sessions=3, shared_prefix_tokens=40, prompt=LengthSpec(120, 0.4, 400), seed=5
+    )
     schedule = build_schedule(config)
     assert {p.session for p in schedule} == {"session-0", "session-1", "session-2"}
     factory = PromptFactory(seed=5, chars_per_token=1.0, shared_prefix_tokens=40)
@@ -122,13 +126,14 @@ def test_replay_file_objects_and_arrays_sorted_by_arrival(tmp_path) -> None:
     path = tmp_path / "trace.jsonl"
     path.write_text(
         json.dumps({"arrival_s": 0.5, "prompt_tokens": 30, "output_tokens": 4, "session": "a", "extra": 1}) + "\n"
-        "\n"
-        + json.dumps([0.1, 20, 3]) + "\n"
-        + json.dumps([0.3, 10, 2, 7]) + "\n"
+        "\n" + json.dumps([0.1, 20, 3]) + "\n" + json.dumps([0.3, 10, 2, 7]) + "\n"
     )
     schedule = build_schedule(_config(replay_path=str(path), seed=0))
     assert [(p.arrival_s, p.prompt_tokens, p.output_tokens, p.session) for p in schedule] == [
-        (0.1, 20, 3, None), (0.3, 10, 2, "7"), (0.5, 30, 4, "a")]
+        (0.1, 20, 3, None),
+        (0.3, 10, 2, "7"),
+        (0.5, 30, 4, "a"),
+    ]
     truncated = build_schedule(_config(replay_path=str(path), seed=0, duration_s=0.4))
     assert [p.arrival_s for p in truncated] == [0.1, 0.3]
     assert len(build_schedule(_config(replay_path=str(path), seed=0, requests=1))) == 1
@@ -140,16 +145,16 @@ def test_replay_file_objects_and_arrays_sorted_by_arrival(tmp_path) -> None:
         ("{not json", "not valid JSON"),
         ('{"arrival_s": 1, "prompt_tokens": 3}', "missing output_tokens"),
         ('{"arrival_s": -1, "prompt_tokens": 3, "output_tokens": 2}', "arrival_s must be a number >= 0"),
-        ('[1, true, 2]', "prompt_tokens must be an integer >= 1"),
-        ('[1, 2, 0]', "output_tokens must be an integer >= 1"),
-        ('[1, 2]', "an array line needs"),
+        ("[1, true, 2]", "prompt_tokens must be an integer >= 1"),
+        ("[1, 2, 0]", "output_tokens must be an integer >= 1"),
+        ("[1, 2]", "an array line needs"),
         ('"text"', "must be a JSON object or array"),
         ('[1, 2, 3, {"s": 1}]', "session must be a string or integer"),
     ],
 )
 def test_bad_replay_lines_name_their_line(tmp_path, third_line: str, message: str) -> None:
     path = tmp_path / "bad.jsonl"
-    path.write_text('[0, 1, 1]\n[0.1, 1, 1]\n' + third_line + "\n")
+    path.write_text("[0, 1, 1]\n[0.1, 1, 1]\n" + third_line + "\n")
     with pytest.raises(ReplayError, match=message) as info:
         load_replay(path)
     assert info.value.line == 3

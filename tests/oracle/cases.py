@@ -57,15 +57,31 @@ CASES = {
     # The same on a 1 Gb/s link: the KV transfer alone breaks TTFT, so splitting loses.
     "slow-link": Case("slow-link", colocated(4), SLOW_LINK, LONG_SLO, **LONG),
     # Chats with bursts of long prompts arriving together.
-    "bursty": Case("bursty", colocated(2), FAST, Slo(1.5, 0.1, "p99"), (50, 200), (30, 90), bursty=True,
-                   long_share=0.2, long_prompt_tokens=(1000, 2000), burst=6),
+    "bursty": Case(
+        "bursty",
+        colocated(2),
+        FAST,
+        Slo(1.5, 0.1, "p99"),
+        (50, 200),
+        (30, 90),
+        bursty=True,
+        long_share=0.2,
+        long_prompt_tokens=(1000, 2000),
+        burst=6,
+    ),
 }
 
 
 # A deployment whose iteration time depends on something no cost model sees: every other 5 s the GPU
 # throttles and iterations take 3x as long (medium prompts, chunked-prefill territory otherwise).
-THROTTLED = Case("throttled", colocated(2), replace(FAST, throttle_period_s=5.0, throttle_factor=3.0),
-                 Slo(1.5, 0.08, "max"), (500, 1500), (80, 200))
+THROTTLED = Case(
+    "throttled",
+    colocated(2),
+    replace(FAST, throttle_period_s=5.0, throttle_factor=3.0),
+    Slo(1.5, 0.08, "max"),
+    (500, 1500),
+    (80, 200),
+)
 
 
 def traffic(case: Case, n_requests: int, seed: int) -> Traffic:
@@ -98,7 +114,16 @@ _GOODPUT_MEMO: dict[tuple, float] = {}
 
 
 def _workload_key(case: Case, seed: int, n_requests: int) -> tuple:
-    return (case.prompt_tokens, case.output_tokens, case.bursty, case.long_share, case.long_prompt_tokens, case.burst, seed, n_requests)
+    return (
+        case.prompt_tokens,
+        case.output_tokens,
+        case.bursty,
+        case.long_share,
+        case.long_prompt_tokens,
+        case.burst,
+        seed,
+        n_requests,
+    )
 
 
 def truth(case: Case, seed: int, n_requests: int, start_rate_per_s: float = 1.0) -> dict[str, tuple[Deployment, float]]:
@@ -124,6 +149,7 @@ class Expected:
 def expected(case: Case, table: dict[str, tuple[Deployment, float]], margin: float) -> Expected:
     """The verdict the truth calls for. A split must beat the best single pool, chunked plain colocated,
     a merge the best split, a rebalance the deployed ratio, each by `margin`."""
+
     def best(kind: str) -> tuple[Deployment, float]:
         return max((v for v in table.values() if v[0].kind == kind), key=lambda v: v[1], default=(None, 0.0))
 

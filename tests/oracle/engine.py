@@ -41,7 +41,9 @@ class Physics:
     throttle_period_s: float = 0.0
     throttle_factor: float = 1.0
 
-    def iteration_s(self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int) -> float:
+    def iteration_s(
+        self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int
+    ) -> float:
         seconds = (
             self.iteration_base_s
             + self.per_context_token_s * context_tokens
@@ -108,7 +110,9 @@ class Request:
         gaps = self.gaps_s
         if not len(gaps):
             return 0.0
-        return float({"p99": lambda g: np.percentile(g, 99), "max": np.max, "mean": np.mean, "p50": np.median}[stat](gaps))
+        return float(
+            {"p99": lambda g: np.percentile(g, 99), "max": np.max, "mean": np.mean, "p50": np.median}[stat](gaps)
+        )
 
     @property
     def ttft_s(self) -> float:
@@ -139,12 +143,22 @@ class Run:
         return sum(ok) / len(ok)
 
 
-def serve(deployment: Deployment, arrival_s: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
-          physics: Physics, noise_sigma: float = 0.0, seed: int = 0, record: bool = True) -> Run:
+def serve(
+    deployment: Deployment,
+    arrival_s: np.ndarray,
+    prompt_tokens: np.ndarray,
+    output_tokens: np.ndarray,
+    physics: Physics,
+    noise_sigma: float = 0.0,
+    seed: int = 0,
+    record: bool = True,
+) -> Run:
     """Serve the requests on `deployment`; every request's token times, and (`record`) every iteration."""
     rng = np.random.default_rng(seed)
-    requests = [Request(i, float(a), int(p), max(1, int(o))) for i, (a, p, o) in
-                enumerate(zip(arrival_s, prompt_tokens, output_tokens))]
+    requests = [
+        Request(i, float(a), int(p), max(1, int(o)))
+        for i, (a, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens))
+    ]
     by_arrival = sorted(requests, key=lambda r: r.arrival_s)
     iterations: list[Iteration] | None = [] if record else None
     if deployment.kind in ("colocated", "chunked"):
@@ -180,8 +194,17 @@ def serve(deployment: Deployment, arrival_s: np.ndarray, prompt_tokens: np.ndarr
     return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
 
 
-def _worker(role: str, pool: str, worker: int, inbox: list[tuple[float, Request]], deployment: Deployment,
-            physics: Physics, rng: np.random.Generator, noise_sigma: float, iterations: list[Iteration] | None) -> None:
+def _worker(
+    role: str,
+    pool: str,
+    worker: int,
+    inbox: list[tuple[float, Request]],
+    deployment: Deployment,
+    physics: Physics,
+    rng: np.random.Generator,
+    noise_sigma: float,
+    iterations: list[Iteration] | None,
+) -> None:
     """One worker's iterations until its inbox is served. role: colocated | chunked | prefill | decode.
 
     Every running request emits one token per iteration, at the iteration's end; a request records the

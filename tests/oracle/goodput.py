@@ -39,7 +39,9 @@ def attainment(deployment: Deployment, traffic: Traffic, rate_per_s: float, phys
     return run.attainment(slo.ttft_s, slo.itl_s, slo.itl_stat)
 
 
-def goodput_per_gpu(deployment: Deployment, traffic: Traffic, physics: Physics, slo: Slo, start_rate_per_s: float) -> float:
+def goodput_per_gpu(
+    deployment: Deployment, traffic: Traffic, physics: Physics, slo: Slo, start_rate_per_s: float
+) -> float:
     """Requests/s per GPU; 0 when even a trickle misses the target."""
 
     def holds(rate: float) -> bool:

@@ -33,6 +33,13 @@ def observe(name: str, seed: int, margin: float) -> Observed:
     # At a share of what the deployment sustains; a deployment that sustains nothing runs at a trickle.
     rate = LOAD_SHARE * (current_goodput if current_goodput > 0 else 0.1 * best_goodput)
     seen = traffic(case, TRACE_REQUESTS, seed + 1000)
-    run = serve(case.current, seen.at(rate), seen.prompt_tokens, seen.output_tokens, case.physics,
-                noise_sigma=NOISE_SIGMA, seed=seed)
+    run = serve(
+        case.current,
+        seen.at(rate),
+        seen.prompt_tokens,
+        seen.output_tokens,
+        case.physics,
+        noise_sigma=NOISE_SIGMA,
+        seed=seed,
+    )
     return Observed(case, seed, table, verdict, run, rate)

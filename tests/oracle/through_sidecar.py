@@ -17,8 +17,12 @@ STAGE_SPANS_PER_REQUEST = 3  # queue, prefill, decode under each llm_request
 
 
 def _post(port: int, line: str) -> None:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=line.encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=line.encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         assert response.status == 200, response.read()
 
@@ -32,8 +36,15 @@ def write_via_sidecars(path: Path, run: Run, seed: int) -> None:
     sidecars = []
     try:
         for worker in range(run.deployment.workers):
-            config = SidecarConfig(http_port=0, grpc_port=None, traces_file=str(path), pool=Pool.COLOCATED,
-                                   worker=f"vllm-{worker}", gpu=False, environ={})
+            config = SidecarConfig(
+                http_port=0,
+                grpc_port=None,
+                traces_file=str(path),
+                pool=Pool.COLOCATED,
+                worker=f"vllm-{worker}",
+                gpu=False,
+                environ={},
+            )
             sidecar = Sidecar(config).start()
             sidecars.append(sidecar)
             for line in vllm_request_lines(run, worker, seed):

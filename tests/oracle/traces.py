@@ -52,18 +52,34 @@ class _Ids:
         return f"{int(self._rng.integers(1, 2**63)):016x}"
 
 
-def _span(trace_id: str, span_id: str, parent: str, name: str, kind: int, start_s: float, end_s: float,
-          attributes: dict[str, Any]) -> dict[str, Any]:
+def _span(
+    trace_id: str,
+    span_id: str,
+    parent: str,
+    name: str,
+    kind: int,
+    start_s: float,
+    end_s: float,
+    attributes: dict[str, Any],
+) -> dict[str, Any]:
     return {
-        "traceId": trace_id, "spanId": span_id, "parentSpanId": parent, "name": name, "kind": kind,
-        "startTimeUnixNano": str(_ns(start_s)), "endTimeUnixNano": str(_ns(max(end_s, start_s))),
-        "attributes": [{"key": k, "value": _value(x)} for k, x in attributes.items()], "status": {},
+        "traceId": trace_id,
+        "spanId": span_id,
+        "parentSpanId": parent,
+        "name": name,
+        "kind": kind,
+        "startTimeUnixNano": str(_ns(start_s)),
+        "endTimeUnixNano": str(_ns(max(end_s, start_s))),
+        "attributes": [{"key": k, "value": _value(x)} for k, x in attributes.items()],
+        "status": {},
     }
 
 
 def _line(service: str, spans: list[dict[str, Any]]) -> str:
     resource = {"attributes": [{"key": v.RESOURCE_SERVICE_NAME, "value": {"stringValue": service}}]}
-    return json.dumps({"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "oracle"}, "spans": spans}]}]})
+    return json.dumps(
+        {"resourceSpans": [{"resource": resource, "scopeSpans": [{"scope": {"name": "oracle"}, "spans": spans}]}]}
+    )
 
 
 def _batched(service: str, spans: Iterable[dict[str, Any]]) -> Iterable[str]:
@@ -78,7 +94,9 @@ def _batched(service: str, spans: Iterable[dict[str, Any]]) -> Iterable[str]:
 
 
 def _mode(run: Run) -> str:
-    return {"colocated": v.Mode.COLOCATED, "chunked": v.Mode.CHUNKED, "split": v.Mode.DISAGGREGATED}[run.deployment.kind]
+    return {"colocated": v.Mode.COLOCATED, "chunked": v.Mode.CHUNKED, "split": v.Mode.DISAGGREGATED}[
+        run.deployment.kind
+    ]
 
 
 def _pools(run: Run) -> tuple[str, str]:
@@ -98,38 +116,115 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
         trace, root = ids.trace(), ids.span()
         gaps = r.gaps_s
         root_attrs: dict[str, Any] = {
-            v.ATTR_OPERATION: v.ROOT_SPAN_PREFIX, v.ATTR_MODEL: MODEL, v.ATTR_INPUT_TOKENS: r.prompt_tokens,
-            v.ATTR_OUTPUT_TOKENS: r.output_tokens, v.ATTR_MODE: mode, v.ATTR_TTFT_S: r.ttft_s,
+            v.ATTR_OPERATION: v.ROOT_SPAN_PREFIX,
+            v.ATTR_MODEL: MODEL,
+            v.ATTR_INPUT_TOKENS: r.prompt_tokens,
+            v.ATTR_OUTPUT_TOKENS: r.output_tokens,
+            v.ATTR_MODE: mode,
+            v.ATTR_TTFT_S: r.ttft_s,
         }
         if len(gaps):
-            root_attrs.update({v.ATTR_ITL_P99_S: r.itl_s("p99"), v.ATTR_ITL_MAX_S: r.itl_s("max"), v.ATTR_ITL_MEAN_S: r.itl_s("mean")})
-        spans.append(_span(trace, root, "", f"{v.ROOT_SPAN_PREFIX} {MODEL}", v.KIND_SERVER, r.arrival_s, r.end_s, root_attrs))
-        where = {v.ATTR_POOL: prefill_pool, v.ATTR_WORKER: f"{prefill_pool}-{r.prefill_worker}", v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA}
-        spans.append(_span(trace, ids.span(), root, v.SPAN_QUEUE, v.KIND_INTERNAL, r.arrival_s, r.prefill_start_s, where))
-        spans.append(_span(trace, ids.span(), root, v.SPAN_PREFILL, v.KIND_INTERNAL, r.prefill_start_s, r.prefill_end_s,
-                           {**where, v.ATTR_PREFILL_TOKENS: r.prompt_tokens, v.ATTR_PREFILL_CHUNKS: r.chunks}))
+            root_attrs.update(
+                {v.ATTR_ITL_P99_S: r.itl_s("p99"), v.ATTR_ITL_MAX_S: r.itl_s("max"), v.ATTR_ITL_MEAN_S: r.itl_s("mean")}
+            )
+        spans.append(
+            _span(trace, root, "", f"{v.ROOT_SPAN_PREFIX} {MODEL}", v.KIND_SERVER, r.arrival_s, r.end_s, root_attrs)
+        )
+        where = {
+            v.ATTR_POOL: prefill_pool,
+            v.ATTR_WORKER: f"{prefill_pool}-{r.prefill_worker}",
+            v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+        }
+        spans.append(
+            _span(trace, ids.span(), root, v.SPAN_QUEUE, v.KIND_INTERNAL, r.arrival_s, r.prefill_start_s, where)
+        )
+        spans.append(
+            _span(
+                trace,
+                ids.span(),
+                root,
+                v.SPAN_PREFILL,
+                v.KIND_INTERNAL,
+                r.prefill_start_s,
+                r.prefill_end_s,
+                {**where, v.ATTR_PREFILL_TOKENS: r.prompt_tokens, v.ATTR_PREFILL_CHUNKS: r.chunks},
+            )
+        )
         if run.deployment.kind == "split":
             transfer = ids.span()
             kv_bytes = int(r.prompt_tokens * run.kv_bytes_per_token)
-            spans.append(_span(trace, transfer, root, v.SPAN_KV_TRANSFER, v.KIND_INTERNAL, r.prefill_end_s, r.transfer_end_s,
-                               {**where, v.ATTR_KV_BYTES: kv_bytes}))
-            spans.append(_span(trace, ids.span(), transfer, v.SPAN_KV_SEND, v.KIND_INTERNAL, r.transfer_start_s, r.transfer_end_s,
-                               {**where, v.ATTR_KV_BYTES: kv_bytes}))
+            spans.append(
+                _span(
+                    trace,
+                    transfer,
+                    root,
+                    v.SPAN_KV_TRANSFER,
+                    v.KIND_INTERNAL,
+                    r.prefill_end_s,
+                    r.transfer_end_s,
+                    {**where, v.ATTR_KV_BYTES: kv_bytes},
+                )
+            )
+            spans.append(
+                _span(
+                    trace,
+                    ids.span(),
+                    transfer,
+                    v.SPAN_KV_SEND,
+                    v.KIND_INTERNAL,
+                    r.transfer_start_s,
+                    r.transfer_end_s,
+                    {**where, v.ATTR_KV_BYTES: kv_bytes},
+                )
+            )
         if len(gaps):
-            decode_where = {v.ATTR_POOL: decode_pool, v.ATTR_WORKER: f"{decode_pool}-{r.decode_worker}", v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA}
-            spans.append(_span(trace, ids.span(), root, v.SPAN_DECODE, v.KIND_INTERNAL, r.decode_start_s, r.end_s, {
-                **decode_where, v.ATTR_OUTPUT_TOKENS: r.output_tokens, v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50"),
-                v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99"), v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max"),
-            }))
+            decode_where = {
+                v.ATTR_POOL: decode_pool,
+                v.ATTR_WORKER: f"{decode_pool}-{r.decode_worker}",
+                v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+            }
+            spans.append(
+                _span(
+                    trace,
+                    ids.span(),
+                    root,
+                    v.SPAN_DECODE,
+                    v.KIND_INTERNAL,
+                    r.decode_start_s,
+                    r.end_s,
+                    {
+                        **decode_where,
+                        v.ATTR_OUTPUT_TOKENS: r.output_tokens,
+                        v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50"),
+                        v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99"),
+                        v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max"),
+                    },
+                )
+            )
     step_trace = {}
     for it in run.iterations:
         key = (it.pool, it.worker)
         step_trace.setdefault(key, ids.trace())
-        spans.append(_span(step_trace[key], ids.span(), "", v.SPAN_STEP, v.KIND_INTERNAL, it.start_s, it.end_s, {
-            v.ATTR_POOL: it.pool, v.ATTR_WORKER: f"{it.pool}-{it.worker}", v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
-            v.ATTR_STEP_DECODE_REQUESTS: it.running, v.ATTR_STEP_PREFILL_TOKENS: it.prefill_tokens,
-            v.ATTR_STEP_CONTEXT_TOKENS: it.context_tokens, v.ATTR_STEP_PREFILL_ATTENTION_TOKENS2: it.attention_tokens2,
-        }))
+        spans.append(
+            _span(
+                step_trace[key],
+                ids.span(),
+                "",
+                v.SPAN_STEP,
+                v.KIND_INTERNAL,
+                it.start_s,
+                it.end_s,
+                {
+                    v.ATTR_POOL: it.pool,
+                    v.ATTR_WORKER: f"{it.pool}-{it.worker}",
+                    v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+                    v.ATTR_STEP_DECODE_REQUESTS: it.running,
+                    v.ATTR_STEP_PREFILL_TOKENS: it.prefill_tokens,
+                    v.ATTR_STEP_CONTEXT_TOKENS: it.context_tokens,
+                    v.ATTR_STEP_PREFILL_ATTENTION_TOKENS2: it.attention_tokens2,
+                },
+            )
+        )
     with open(path, "w") as f:
         for line in _batched("oracle", spans):
             f.write(line + "\n")
@@ -145,10 +240,26 @@ def vllm_request_lines(run: Run, worker: int, seed: int = 0) -> list[str]:
         queue_s = r.prefill_start_s - r.arrival_s
         prefill_s = r.prefill_end_s - r.prefill_start_s
         decode_s = r.end_s - r.first_token_s
-        spans.append(_span(ids.trace(), ids.span(), "", vllm.SPAN_NAME, v.KIND_SERVER, r.arrival_s, r.end_s, {
-            vllm.ATTR_RESPONSE_MODEL: MODEL, vllm.ATTR_REQUEST_ID: f"req-{r.index}",
-            vllm.ATTR_PROMPT_TOKENS: r.prompt_tokens, vllm.ATTR_COMPLETION_TOKENS: r.output_tokens,
-            vllm.ATTR_TIME_IN_QUEUE: queue_s, vllm.ATTR_PREFILL: prefill_s, vllm.ATTR_TTFT: r.ttft_s,
-            vllm.ATTR_DECODE: decode_s, vllm.ATTR_E2E: r.end_s - r.arrival_s,
-        }))
+        spans.append(
+            _span(
+                ids.trace(),
+                ids.span(),
+                "",
+                vllm.SPAN_NAME,
+                v.KIND_SERVER,
+                r.arrival_s,
+                r.end_s,
+                {
+                    vllm.ATTR_RESPONSE_MODEL: MODEL,
+                    vllm.ATTR_REQUEST_ID: f"req-{r.index}",
+                    vllm.ATTR_PROMPT_TOKENS: r.prompt_tokens,
+                    vllm.ATTR_COMPLETION_TOKENS: r.output_tokens,
+                    vllm.ATTR_TIME_IN_QUEUE: queue_s,
+                    vllm.ATTR_PREFILL: prefill_s,
+                    vllm.ATTR_TTFT: r.ttft_s,
+                    vllm.ATTR_DECODE: decode_s,
+                    vllm.ATTR_E2E: r.end_s - r.arrival_s,
+                },
+            )
+        )
     return list(_batched("vllm", spans))

@@ -70,7 +70,13 @@ def test_the_wheel_ships_its_data_under_the_toolkit_and_no_generic_top_level_nam
 
 
 def test_every_command_runs_from_the_installed_wheel(installed, tmp_path):
-    where = _run(installed, "python", "-c", "import tracer, tracer.alerts; print(tracer.__file__, tracer.alerts.__file__)", cwd=tmp_path)
+    where = _run(
+        installed,
+        "python",
+        "-c",
+        "import tracer, tracer.alerts; print(tracer.__file__, tracer.alerts.__file__)",
+        cwd=tmp_path,
+    )
     assert where.returncode == 0, where.stderr
     assert all(str(installed) in path for path in where.stdout.split()), where.stdout  # not the repository
     assert _run(installed, "python", "-c", "import alerts", cwd=tmp_path).returncode != 0

@@ -31,7 +31,9 @@ def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None, h
          timeout_s: float = 60.0) -> tuple[int, bytes, dict[str, str]]:  # fmt: skip
     """(status, body, headers) of one request; never raises on an HTTP error status."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read(), dict(response.headers)
@@ -44,7 +46,7 @@ def sse_events(payload: bytes) -> list[Any]:
     events = []
     for line in payload.decode().splitlines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             events.append(data if data == "[DONE]" else json.loads(data))
     return events
 
@@ -81,7 +83,9 @@ class Server:
             "--port", "0", "--metrics-port", "0", "--traces-file", str(self.traces_file), *serve_args,
         ]  # fmt: skip
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         # The launcher prints the ports the OS gave it: no race with other processes for a port.
         serving = wait_for(self._serving_line_or_dead, STARTUP_TIMEOUT_S, "the server's 'serving ... on' line")
         if self.process.poll() is not None or not isinstance(serving, re.Match):
@@ -98,7 +102,9 @@ class Server:
         return self.log_file.read_text(errors="replace")[-4000:]
 
     def _serving_line_or_dead(self) -> re.Match | bool:
-        match = re.search(r"serving .* on http://127\.0\.0\.1:(\d+), metrics on :(\d+)", self.log_file.read_text(errors="replace"))
+        match = re.search(
+            r"serving .* on http://127\.0\.0\.1:(\d+), metrics on :(\d+)", self.log_file.read_text(errors="replace")
+        )
         return match or self.process.poll() is not None
 
     def _healthy(self) -> bool:

@@ -15,7 +15,9 @@ from tracer.vocabulary import Verdict
 def test_demo_serves_both_layouts_and_writes_reports(tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "tracer.cli", "demo", "--preset", "tiny", "--duration", "7", "--out", str(tmp_path)],
-        capture_output=True, text=True, timeout=400,
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]

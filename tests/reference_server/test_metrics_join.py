@@ -63,7 +63,10 @@ def test_joined_text_format_is_what_prometheus_parses() -> None:
     assert b"# EOF" not in text
     result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60, check=False)
     # promtool lints too (naming advice); a parse error is what must never appear.
-    assert b"parsing error" not in result.stdout + result.stderr and b"error while linting" not in result.stdout + result.stderr, result
+    assert (
+        b"parsing error" not in result.stdout + result.stderr
+        and b"error while linting" not in result.stdout + result.stderr
+    ), result
     type_lines = [line.split()[2] for line in text.decode().splitlines() if line.startswith("# TYPE")]
     assert len(type_lines) == len(set(type_lines))
     assert 'splitscope_tokens_total{namespace="prod",phase="decode",pool="colocated",worker="w1"} 7.0' in text.decode()

@@ -46,7 +46,9 @@ def test_chunked_streams_the_tokens_of_a_direct_generate_under_batching(server):
 def test_long_prompts_are_prefilled_in_chunks(server):
     trace_id = secrets.token_hex(16)
     prompt = "z" * 200
-    status, _, _ = server.complete({"prompt": prompt, "max_tokens": 3}, headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"})
+    status, _, _ = server.complete(
+        {"prompt": prompt, "max_tokens": 3}, headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"}
+    )
     assert status == 200
 
     def prefill_span():
@@ -117,7 +119,9 @@ def test_a_chunked_chat_stream_with_a_stop_string(server):
     body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
             "ignore_eos": True}  # fmt: skip
     status, raw, _ = http("POST", server.url + "/v1/chat/completions", body)
-    full = "".join(e["choices"][0]["delta"].get("content", "") for e in sse_events(raw) if isinstance(e, dict) and e["choices"])
+    full = "".join(
+        e["choices"][0]["delta"].get("content", "") for e in sse_events(raw) if isinstance(e, dict) and e["choices"]
+    )
     stop = next(full[i : i + 2] for i in range(len(full) // 3, len(full) - 2) if "\ufffd" not in full[i : i + 2])
     status, raw, _ = http("POST", server.url + "/v1/chat/completions", {**body, "stop": stop})
     events = [e for e in sse_events(raw) if isinstance(e, dict) and e["choices"]]

@@ -45,12 +45,22 @@ def test_a_streamed_completion_is_one_trace_across_router_prefill_and_decode(ser
     assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
     events = sse_events(body)
     assert events[-1] == "[DONE]"
-    assert sum(1 for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"] is None) == 8
+    assert (
+        sum(1 for e in events if isinstance(e, dict) and e["choices"] and e["choices"][0]["finish_reason"] is None) == 8
+    )
 
     def trace_complete():
         spans = [x for x in server.spans() if x.trace_id == trace_id]
         names = {x.name for x in spans}
-        wanted = {"text_completion tiny", s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_KV_TRANSFER, s.SPAN_KV_SEND, s.SPAN_KV_RECV, s.SPAN_DECODE}
+        wanted = {
+            "text_completion tiny",
+            s.SPAN_QUEUE,
+            s.SPAN_PREFILL,
+            s.SPAN_KV_TRANSFER,
+            s.SPAN_KV_SEND,
+            s.SPAN_KV_RECV,
+            s.SPAN_DECODE,
+        }
         return spans if wanted <= names else None
 
     spans = wait_for(trace_complete, 15, "the request's spans in the trace file")
@@ -84,7 +94,9 @@ def test_a_streamed_completion_is_one_trace_across_router_prefill_and_decode(ser
     for name in (s.SPAN_KV_TRANSFER, s.SPAN_KV_SEND, s.SPAN_KV_RECV):
         attrs = by_name[name].attributes
         assert attrs[s.ATTR_KV_BLOCKS] == blocks and attrs[s.ATTR_KV_BLOCK_TOKENS] == 16
-        assert attrs[s.ATTR_KV_BYTES] == blocks * 16 * 2 * 2 * 2 * 16 * 4  # tokens x K/V x layers x kv heads x head_dim x fp32
+        assert (
+            attrs[s.ATTR_KV_BYTES] == blocks * 16 * 2 * 2 * 2 * 16 * 4
+        )  # tokens x K/V x layers x kv heads x head_dim x fp32
         assert attrs[s.ATTR_KV_STREAMS] == 2
         assert attrs[s.ATTR_KV_SRC] == "prefill-0" and attrs[s.ATTR_KV_DST] == "decode-0"
         assert abs(attrs[s.ATTR_CLOCK_OFFSET_NS]) < 5_000_000  # one host: the NTP estimate is near zero
@@ -134,11 +146,15 @@ def test_merged_metrics_hold_router_prefill_and_decode_series(server):
 
     text, headers = wait_for(scrape, 15, "worker and router series in the merged /metrics")
     assert headers["Content-Type"].startswith("application/openmetrics-text") and text.rstrip().endswith("# EOF")
-    assert 'splitscope_pool_workers{pool="prefill"} 1.0' in text and 'splitscope_pool_workers{pool="decode"} 1.0' in text
+    assert (
+        'splitscope_pool_workers{pool="prefill"} 1.0' in text and 'splitscope_pool_workers{pool="decode"} 1.0' in text
+    )
     assert 'splitscope_requests_running{pool="decode",worker="decode-0"}' in text
     assert 'splitscope_step_duration_seconds_count{pool="prefill",prefill_in_step="true",worker="prefill-0"}' in text
     assert 'splitscope_step_duration_seconds_count{pool="decode",prefill_in_step="false",worker="decode-0"}' in text
-    ttft_buckets = [line for line in text.splitlines() if line.startswith("gen_ai_server_time_to_first_token_seconds_bucket")]
+    ttft_buckets = [
+        line for line in text.splitlines() if line.startswith("gen_ai_server_time_to_first_token_seconds_bucket")
+    ]
     assert any('# {trace_id="' in line for line in ttft_buckets)  # exemplars survive the merge
     # Every family appears once: the join wrote each family's metadata once.
     type_lines = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
@@ -163,7 +179,9 @@ def test_non_streaming_response_has_the_openai_shape(server):
 def test_a_request_finished_by_its_prefill_needs_no_decode_worker(server):
     """max_tokens 1: the prefill worker's first token ends the request; no KV moves, the decode side lets go."""
     for stream in (True, False):
-        status, body, _ = server.complete({"prompt": "one token only", "max_tokens": 1, "stream": stream, "return_token_ids": True})
+        status, body, _ = server.complete(
+            {"prompt": "one token only", "max_tokens": 1, "stream": stream, "return_token_ids": True}
+        )
         assert status == 200
         if stream:
             token_ids = streamed_token_ids(sse_events(body))

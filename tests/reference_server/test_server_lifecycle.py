@@ -40,7 +40,9 @@ def test_colocated_streams_correct_tokens_and_sigterm_stops_every_child(tmp_path
 
 def _open_stream(server: Server, body: dict) -> http.client.HTTPResponse:
     connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
-    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"})
+    connection.request(
+        "POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"}
+    )
     return connection.getresponse()
 
 
@@ -51,7 +53,9 @@ def test_a_dying_worker_fails_its_request_only_and_a_killed_launcher_takes_its_w
         endpoints = [Endpoint(name, "colocated", "") for name in sorted(workers)]
         user = next(f"u{i}" for i in range(1000) if sticky(endpoints, f"u{i}").name == "colocated-1")
 
-        response = _open_stream(server, {"prompt": "doomed", "max_tokens": 1000, "stream": True, "ignore_eos": True, "user": user})
+        response = _open_stream(
+            server, {"prompt": "doomed", "max_tokens": 1000, "stream": True, "ignore_eos": True, "user": user}
+        )
         assert response.status == 200
         first = response.readline()
         assert first.startswith(b"data: {")  # the first token arrived: the request is decoding on colocated-1

@@ -41,7 +41,9 @@ def _aborted(samples: dict) -> float:
 
 def _open_stream(server: Server, body: dict) -> tuple[HTTPConnection, HTTPResponse]:
     connection = HTTPConnection("127.0.0.1", server.port, timeout=120)
-    connection.request("POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"})
+    connection.request(
+        "POST", "/v1/completions", json.dumps({"model": "tiny", **body}), {"Content-Type": "application/json"}
+    )
     return connection, connection.getresponse()
 
 
@@ -75,8 +77,11 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
             done = _aborted(samples) == aborts and all(v == (0, 0, 0) for v in held.values())
             return done or None
 
-        wait_for(lambda: all_released(DISCONNECTING_CLIENTS), 20,
-                 f"{DISCONNECTING_CLIENTS} aborts counted and no request or KV block left on any worker")
+        wait_for(
+            lambda: all_released(DISCONNECTING_CLIENTS),
+            20,
+            f"{DISCONNECTING_CLIENTS} aborts counted and no request or KV block left on any worker",
+        )
         assert server.health()["inflight"] == 0
 
         # Clients that leave before their first token: their requests are queued for prefill, prefilling,
@@ -115,6 +120,7 @@ def test_kv_exhaustion_answers_503_with_retry_after_never_500(tmp_path):
     # short wait for room makes most of a 64-request burst refuse rather than queue.
     server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "40", "--kv-wait-s", "0.2")
     try:
+
         def one(i: int) -> tuple[int, dict, dict]:
             body = {"prompt": f"burst {i:03d} " * 20, "max_tokens": 60, "ignore_eos": True, "stream": i % 2 == 0,
                     "return_token_ids": True}  # fmt: skip
@@ -156,6 +162,7 @@ def test_requests_beyond_kv_capacity_wait_for_room_within_the_bound_and_complete
     # prompts wait, holding their KV, until they can grow to their whole length -- and every one completes.
     server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "40", "--kv-wait-s", "60")
     try:
+
         def one(i: int) -> tuple[int, bytes]:
             # A one-block prompt always finds room to arrive; growing to 17 blocks for 250 tokens does not.
             status, raw, _ = server.complete({"prompt": f"patient {i:02d} ", "max_tokens": 250, "ignore_eos": True},

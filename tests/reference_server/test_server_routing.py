@@ -106,8 +106,10 @@ def test_an_unknown_model_is_404_model_not_found():
 
 
 def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+    ]
     params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
                          "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
     assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
@@ -120,11 +122,17 @@ def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "messages[0].content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+            "messages[0].content",
+        ),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
         ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
-        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
         ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ],
 )

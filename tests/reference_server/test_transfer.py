@@ -253,10 +253,16 @@ def test_round_trip_lands_in_allocated_blocks(receivers, senders, dtype, streams
     assert got_meta == meta
     block_bytes = 2 * LAYERS * block_tokens * KV_HEADS * HEAD_DIM * src_pool.element_size()
     assert (result.kv_bytes, result.blocks, result.streams, result.block_tokens) == (
-        len(src_ids) * block_bytes, len(src_ids), streams, block_tokens,
+        len(src_ids) * block_bytes,
+        len(src_ids),
+        streams,
+        block_tokens,
     )
     assert (info.kv_bytes, info.blocks, info.streams, info.traceparent) == (
-        result.kv_bytes, len(src_ids), streams, TRACEPARENT,
+        result.kv_bytes,
+        len(src_ids),
+        streams,
+        TRACEPARENT,
     )
     assert result.start_wall_ns <= result.end_wall_ns
     assert info.recv_start_wall_ns <= info.recv_end_wall_ns

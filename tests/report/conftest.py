@@ -16,7 +16,11 @@ N_REQUESTS = 200  # small: every report test must stay quick on two cores
 def quick_options(sc: Scenario, **overrides) -> ReportOptions:
     """Report options sized for tests: short simulations, otherwise the defaults the CLI uses."""
     values = dict(
-        slo=SLO(sc.slo_ttft_s, sc.slo_itl_s), link_gbps=sc.link_gbps, sim_requests=100, sim_max_requests=5000, sim_duration_s=20.0,
+        slo=SLO(sc.slo_ttft_s, sc.slo_itl_s),
+        link_gbps=sc.link_gbps,
+        sim_requests=100,
+        sim_max_requests=5000,
+        sim_duration_s=20.0,
         confidence_resamples=0,  # the bootstrap has its own tests (test_confidence.py)
     )
     values.update(overrides)
@@ -46,8 +50,13 @@ def oracle_options(seen, **overrides) -> ReportOptions:
     values = dict(
         slo=SLO(case.slo.ttft_s, case.slo.itl_s, case.slo.itl_stat, case.slo.attainment),
         # What an operator knows about the hardware: the link and the model's KV size.
-        link_gbps=case.physics.link_bytes_per_s * 8 / 1e9, kv_bytes_per_token=case.physics.kv_bytes_per_token,
-        margin=0.15, sim_requests=100, sim_max_requests=1000, sim_duration_s=10.0, confidence_resamples=0,
+        link_gbps=case.physics.link_bytes_per_s * 8 / 1e9,
+        kv_bytes_per_token=case.physics.kv_bytes_per_token,
+        margin=0.15,
+        sim_requests=100,
+        sim_max_requests=1000,
+        sim_duration_s=10.0,
+        confidence_resamples=0,
     )
     values.update(overrides)
     return ReportOptions(**values)

@@ -37,7 +37,9 @@ def sample_step_spans(source: Path, target: Path, **sampler_options) -> tuple[in
                         seen += 1
                         worker = _attribute(raw, s.ATTR_WORKER)
                         sampler = samplers.setdefault(worker, StepSampler(**sampler_options))
-                        weight = sampler.keep(int(raw["startTimeUnixNano"]), int(_attribute(raw, s.ATTR_STEP_PREFILL_TOKENS)))
+                        weight = sampler.keep(
+                            int(raw["startTimeUnixNano"]), int(_attribute(raw, s.ATTR_STEP_PREFILL_TOKENS))
+                        )
                         if weight:
                             kept += 1
                             raw["attributes"].append({"key": s.ATTR_SAMPLE_WEIGHT, "value": {"intValue": str(weight)}})

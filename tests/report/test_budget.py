@@ -9,8 +9,13 @@ import pytest
 from tracer.report.budget import candidate_budgets_tokens, itl_bound_budget_tokens, worst_chunk_step_s
 from tracer.report.simulate import StepCosts
 
-STEP = StepCosts(base_s=0.01, context_s_per_token=2e-7, decode_s_per_request=2e-3, prefill_s_per_token=1.2e-4,
-                 prefill_s_per_token2=2e-8)
+STEP = StepCosts(
+    base_s=0.01,
+    context_s_per_token=2e-7,
+    decode_s_per_request=2e-3,
+    prefill_s_per_token=1.2e-4,
+    prefill_s_per_token2=2e-8,
+)
 
 
 def test_the_worst_chunk_is_the_last_of_the_prompt_and_pays_for_its_prefix():

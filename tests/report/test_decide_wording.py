@@ -23,6 +23,9 @@ def test_reasons_name_each_layout_once_and_say_below_for_a_loss():
     assert decision.verdict == Verdict.STAY_COLOCATED
     text = " | ".join(decision.reasons)
     assert "split split" not in text and "chunked chunked" not in text, text
-    assert "the best split (split 1:1: 0.51 req/s/GPU) is 51% below the best single pool (chunked 256 x2: 1.05 req/s/GPU)" in text
+    assert (
+        "the best split (split 1:1: 0.51 req/s/GPU) is 51% below the best single pool (chunked 256 x2: 1.05 req/s/GPU)"
+        in text
+    )
     assert "(colocated x2: 1 req/s/GPU) by only 5%, under the 15% margin" in text
     assert "+15%" not in text and "(-51%)" not in text

@@ -30,10 +30,24 @@ def test_html_report_renders_verdict_and_plots_in_headless_chromium(scenario_tra
     probed = tmp_path / "report.html"
     probed.write_text(page.replace("</body>", _PROBE + "</body>"))
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000", "--dump-dom", probed.as_uri()],
-        capture_output=True, text=True, timeout=90,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            probed.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     dom = done.stdout

@@ -16,7 +16,16 @@ from tracer.report.cli import parse_duration_s, report_command
 
 
 def _args(sc, path, *extra: str) -> list[str]:
-    return [str(path), "--slo-ttft", str(sc.slo_ttft_s), "--slo-itl", str(sc.slo_itl_s), "--sim-requests", "100", *extra]
+    return [
+        str(path),
+        "--slo-ttft",
+        str(sc.slo_ttft_s),
+        "--slo-itl",
+        str(sc.slo_itl_s),
+        "--sim-requests",
+        "100",
+        *extra,
+    ]
 
 
 def test_json_output_has_the_contract_fields(scenario_traces, tmp_path):
@@ -25,7 +34,9 @@ def test_json_output_has_the_contract_fields(scenario_traces, tmp_path):
     result = CliRunner().invoke(report_command, _args(sc, path, "--format", "json", "-o", str(out)))
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert {"verdict", "ratio", "chunk_budget_tokens", "goodput", "slo", "fits", "evidence", "assumptions"} <= set(report)
+    assert {"verdict", "ratio", "chunk_budget_tokens", "goodput", "slo", "fits", "evidence", "assumptions"} <= set(
+        report
+    )
     assert report["verdict"] == "rebalance" and report["from_ratio"] == "3:1"
     assert {o["option"] for o in report["goodput"]} >= {"colocated x4", "split 1:3", "split 2:2", "split 3:1"}
     assert report["slo"] == {"ttft_s": sc.slo_ttft_s, "itl_s": sc.slo_itl_s, "itl_stat": "p99", "attainment": 0.9}
@@ -40,8 +51,12 @@ def test_markdown_to_stdout_states_verdict_and_assumptions(scenario_traces):
 
 
 def _splitscope(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from tracer.cli import main; main()", "report", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from tracer.cli import main; main()", "report", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_a_truncated_line_fails_with_one_line_naming_file_and_line(scenario_traces, tmp_path):
@@ -60,7 +75,9 @@ def test_a_span_missing_an_attribute_names_it_and_skip_bad_counts_it(scenario_tr
     lines = path.read_text().splitlines(keepends=True)
     record = json.loads(lines[-1])  # a line of step spans
     record["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] = [
-        a for a in record["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"] if a["key"] != "splitscope.step.prefill_tokens"
+        a
+        for a in record["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+        if a["key"] != "splitscope.step.prefill_tokens"
     ]
     bad = tmp_path / "missing.jsonl"
     bad.write_text("".join(lines[:-1]) + json.dumps(record) + "\n")
@@ -92,7 +109,9 @@ def prometheus_api(port):
     async def query(request: web.Request) -> web.Response:
         promql = request.query["query"]
         queries.append(promql)
-        result = [{"metric": {"pool": pool}, "value": [0, value]} for pool, value in (("decode", "0.93"), ("prefill", "0.21"))]
+        result = [
+            {"metric": {"pool": pool}, "value": [0, value]} for pool, value in (("decode", "0.93"), ("prefill", "0.21"))
+        ]
         return web.json_response({"status": "success", "data": {"resultType": "vector", "result": result}})
 
     app = web.Application()
@@ -119,7 +138,9 @@ def test_prometheus_adds_per_pool_evidence(scenario_traces, tmp_path, prometheus
     url, queries = prometheus_api
     sc, path, _ = scenario_traces("wrong-split")
     out = tmp_path / "r.json"
-    result = CliRunner().invoke(report_command, _args(sc, path, "--prometheus", url, "--since", "5m", "--format", "json", "-o", str(out)))
+    result = CliRunner().invoke(
+        report_command, _args(sc, path, "--prometheus", url, "--since", "5m", "--format", "json", "-o", str(out))
+    )
     assert result.exit_code == 0, result.output
     evidence = json.loads(out.read_text())["evidence"]
     assert "Prometheus busy ratio over 300s: decode 0.93, prefill 0.21" in evidence

@@ -79,5 +79,8 @@ def test_verdicts_do_not_change_when_step_spans_are_sampled(sampled, name, verdi
     thin = build_report([sampled_path], quick_options(sc, margin=0.15))
     assert full.verdict == verdict, full.evidence  # the unsampled verdict test_verdicts.py checks
     assert (thin.verdict, thin.ratio, thin.from_ratio, thin.chunk_budget_tokens) == (
-        full.verdict, full.ratio, full.from_ratio, full.chunk_budget_tokens
+        full.verdict,
+        full.ratio,
+        full.from_ratio,
+        full.chunk_budget_tokens,
     ), thin.evidence

@@ -21,7 +21,9 @@ def test_a_deployment_the_model_cannot_explain_gets_insufficient_data_with_the_r
     seen, full, vllm_shaped = oracle_traces("throttled", 1, 0.15)
     report = build_report([full if shape == "full" else vllm_shaped], oracle_options(seen))
     assert report.verdict == Verdict.INSUFFICIENT_DATA, report.evidence
-    reasons = [line for line in report.evidence if line.startswith("model check misses") or "explains too little" in line]
+    reasons = [
+        line for line in report.evidence if line.startswith("model check misses") or "explains too little" in line
+    ]
     assert reasons, report.evidence
     # The step fit's floor is stated, and this fit is under it.
     assert report.fits["step"]["r2"] < MIN_STEP_R2

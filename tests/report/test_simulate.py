@@ -29,8 +29,9 @@ def test_chunked_prefill_splits_the_prompt_by_the_budget():
     assert result.ttft_s[0] == pytest.approx(4 * 0.01 + 1000 * 1e-4)
 
 
-QUADRATIC = StepCosts(base_s=0.01, context_s_per_token=0.0, decode_s_per_request=0.0, prefill_s_per_token=1e-4,
-                      prefill_s_per_token2=1e-7)
+QUADRATIC = StepCosts(
+    base_s=0.01, context_s_per_token=0.0, decode_s_per_request=0.0, prefill_s_per_token=1e-4, prefill_s_per_token2=1e-7
+)
 
 
 def test_a_prompts_chunks_add_up_to_its_whole_prefill_and_late_chunks_cost_more():

@@ -43,7 +43,15 @@ MAX_BATCH = 32
 
 def _decode_alone_s(url: str) -> float:
     """Seconds one short request spends decoding with nothing else running (a first request warms up)."""
-    one = LoadConfig(url=url, model="small", rate_rps=1.0, requests=1, prompt=LengthSpec(64), output=LengthSpec(OUTPUT_TOKENS), seed=0)
+    one = LoadConfig(
+        url=url,
+        model="small",
+        rate_rps=1.0,
+        requests=1,
+        prompt=LengthSpec(64),
+        output=LengthSpec(OUTPUT_TOKENS),
+        seed=0,
+    )
     run_load_sync(one)
     record = run_load_sync(one).records[0]
     assert record.e2e_s is not None and record.ttft_s is not None, record
@@ -52,7 +60,18 @@ def _decode_alone_s(url: str) -> float:
 
 def test_simulated_ttft_and_worst_gap_match_a_measured_reference_server_run(tmp_path):
     traces = tmp_path / "traces.jsonl"
-    args = ["--preset", "small", "--mode", "colocated", "--workers", "1", "--max-batch", str(MAX_BATCH), "--traces-file", str(traces)]
+    args = [
+        "--preset",
+        "small",
+        "--mode",
+        "colocated",
+        "--workers",
+        "1",
+        "--max-batch",
+        str(MAX_BATCH),
+        "--traces-file",
+        str(traces),
+    ]
     with ServerProcess(args) as server:
         period_s = PERIOD_OVER_DECODE_ALONE * _decode_alone_s(server.url)
         result = run_load_sync(LoadConfig(
@@ -66,7 +85,9 @@ def test_simulated_ttft_and_worst_gap_match_a_measured_reference_server_run(tmp_
     data = load_traces([traces])
     assert len(data.requests) == result.summary.ok + 2  # the load, and the two requests that timed a decode
     biggest_batch = int(data.steps.decode_requests.max())
-    assert biggest_batch < MAX_BATCH, f"the load filled the batch ({biggest_batch}): the run is meant to stay below the cap"
+    assert biggest_batch < MAX_BATCH, (
+        f"the load filled the batch ({biggest_batch}): the run is meant to stay below the cap"
+    )
     report = report_from_data(data, ReportOptions(SLO(ttft_s=2.0, itl_s=0.2, itl_stat="max"), max_batch=MAX_BATCH))
     check = report.model_check
     predicted_ttft, measured_ttft = check["predicted_ttft_p50_s"], check["measured_ttft_p50_s"]

@@ -15,7 +15,12 @@ from tracer.report.tables import load_traces
 from tracer.traces import SPAN_KIND_INTERNAL, iter_spans
 
 TRACE_ID, SPAN_ID, PARENT_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, 0x1111111111111111
-ATTRIBUTES = {"splitscope.pool": "decode", "splitscope.decode.itl_p99_s": 0.031, "gen_ai.usage.output_tokens": 17, "ok": True}
+ATTRIBUTES = {
+    "splitscope.pool": "decode",
+    "splitscope.decode.itl_p99_s": 0.031,
+    "gen_ai.usage.output_tokens": 17,
+    "ok": True,
+}
 RESOURCE = {"service.name": "splitscope-decode", "service.instance.id": "decode-0"}
 
 
@@ -34,8 +39,14 @@ def test_direct_json_reads_back_exactly_like_the_sdk_encoder_output(tmp_path):
         instrumentation_scope=InstrumentationScope("splitscope"),
     )
     ours = span_dict(
-        trace_id=format(TRACE_ID, "032x"), span_id=format(SPAN_ID, "016x"), parent_span_id=format(PARENT_ID, "016x"),
-        name="splitscope.decode", kind=SPAN_KIND_INTERNAL, start_ns=1_000, end_ns=2_000, attributes=ATTRIBUTES,
+        trace_id=format(TRACE_ID, "032x"),
+        span_id=format(SPAN_ID, "016x"),
+        parent_span_id=format(PARENT_ID, "016x"),
+        name="splitscope.decode",
+        kind=SPAN_KIND_INTERNAL,
+        start_ns=1_000,
+        end_ns=2_000,
+        attributes=ATTRIBUTES,
         events=[("splitscope.decode.stall", 1_500, {"gap_s": 0.2, "prefill_tokens": 512})],
     )
     (tmp_path / "sdk.jsonl").write_bytes(encode_line([sdk_span]))
@@ -53,8 +64,14 @@ def test_every_request_carries_the_stage_spans_and_every_step_is_written(scenari
     requests = [names for names in by_trace.values() if any(n.startswith("text_completion") for n in names)]
     assert len(requests) == len(sc.workload)
     for names in requests:
-        assert {"splitscope.queue", "splitscope.prefill", "splitscope.kv_transfer", "splitscope.kv_transfer.send",
-                "splitscope.kv_transfer.recv", "splitscope.decode"} <= set(names)
+        assert {
+            "splitscope.queue",
+            "splitscope.prefill",
+            "splitscope.kv_transfer",
+            "splitscope.kv_transfer.send",
+            "splitscope.kv_transfer.recv",
+            "splitscope.decode",
+        } <= set(names)
     steps = Counter(name for names in by_trace.values() for name in names)["splitscope.step"]
     assert steps == sum(len(log.duration_s) for log in truth.steps.values())
     data = load_traces([path])

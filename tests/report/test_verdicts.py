@@ -28,8 +28,15 @@ def _oracle_best_ratio(sc, gpus: int = 4) -> str:
     sample = sc.workload.resample(5000, 0)
     slo = SLO(sc.slo_ttft_s, sc.slo_itl_s)
     results = [
-        search_goodput(Layout("disaggregated", prefill_workers=p, decode_workers=gpus - p), sample, sc.costs, slo,
-                       start_rate_per_s=sc.workload.rate_per_s, min_requests=100, duration_s=20.0)
+        search_goodput(
+            Layout("disaggregated", prefill_workers=p, decode_workers=gpus - p),
+            sample,
+            sc.costs,
+            slo,
+            start_rate_per_s=sc.workload.rate_per_s,
+            min_requests=100,
+            duration_s=20.0,
+        )
         for p in range(1, gpus)
     ]
     return max(results, key=lambda r: r.goodput_per_gpu).layout.ratio
@@ -128,8 +135,16 @@ def test_max_batch_bounds_goodput_at_what_a_capped_engine_serves(tmp_path):
     told = build_report([path], quick_options(sc, max_batch=4))
     untold = build_report([path], quick_options(sc))
 
-    oracle = search_goodput(sc.layout, sc.workload.resample(5000, 0), sc.costs, SLO(sc.slo_ttft_s, sc.slo_itl_s),
-                            start_rate_per_s=sc.workload.rate_per_s, min_requests=100, duration_s=20.0, params=capped)
+    oracle = search_goodput(
+        sc.layout,
+        sc.workload.resample(5000, 0),
+        sc.costs,
+        SLO(sc.slo_ttft_s, sc.slo_itl_s),
+        start_rate_per_s=sc.workload.rate_per_s,
+        min_requests=100,
+        duration_s=20.0,
+        params=capped,
+    )
     assert _goodput(told, "colocated x4") == pytest.approx(oracle.goodput_per_gpu, rel=0.2)
     assert _goodput(untold, "colocated x4") > 3 * oracle.goodput_per_gpu
     assert any("at most 4 requests at once" in line for line in told.assumptions)

@@ -45,7 +45,9 @@ def test_every_listener_of_a_default_server_and_sidecar_is_on_loopback(server: S
     assert len(server_listeners) >= 5, server_listeners
     assert {server.port, server.metrics_port} <= {listener.port for listener in server_listeners}
     # OTLP/HTTP, OTLP/gRPC, /metrics
-    assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {listener.port for listener in sidecar_listeners}
+    assert {sidecar.http_port, sidecar.grpc_port, sidecar.metrics_port} <= {
+        listener.port for listener in sidecar_listeners
+    }
     exposed = [listener for listener in server_listeners + sidecar_listeners if listener.host != "127.0.0.1"]
     assert exposed == [], f"listening beyond loopback: {exposed}"
 
@@ -105,9 +107,12 @@ def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) ->
     command = [sys.executable, "-m", "reference_server.worker", "--role", "decode", "--name", "decode-0",
                "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
     env = clean_environment(**{TOKEN_ENV_VAR: "s3cret"})
-    with open(tmp_path / "worker.log", "w+") as log, subprocess.Popen(
-        command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True
-    ) as worker:
+    with (
+        open(tmp_path / "worker.log", "w+") as log,
+        subprocess.Popen(
+            command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True
+        ) as worker,
+    ):
         try:
             assert worker.stdout is not None
             ready = next((line for line in worker.stdout if line.startswith("SPLITSCOPE_WORKER_READY")), None)
@@ -139,7 +144,11 @@ def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -
                                     traces_file=str(tmp_path / "t.jsonl"), gpu=False, environ={TOKEN_ENV: "s3cret"}))  # fmt: skip
     sidecar.start()
     try:
-        hosts = {listener.host for listener in listening([os.getpid()]) if listener.port in (sidecar.http_port, sidecar.grpc_port)}
+        hosts = {
+            listener.host
+            for listener in listening([os.getpid()])
+            if listener.port in (sidecar.http_port, sidecar.grpc_port)
+        }
         assert hosts and hosts <= {"0.0.0.0", "::"}, hosts  # gRPC makes 0.0.0.0 a dual-stack socket
         url = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
         empty = trace_service_pb2.ExportTraceServiceRequest()

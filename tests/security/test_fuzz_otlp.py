@@ -43,9 +43,12 @@ def export_requests(draw: st.DrawFn) -> bytes:
     """A well-formed ExportTraceServiceRequest protobuf with a few spans."""
     spans = [
         trace_pb2.Span(
-            trace_id=draw(st.binary(min_size=16, max_size=16)), span_id=draw(st.binary(min_size=8, max_size=8)),
-            name=draw(st.text(max_size=20)), start_time_unix_nano=draw(st.integers(0, 2**63)),
-            end_time_unix_nano=draw(st.integers(0, 2**63)), kind=draw(st.integers(0, 5)),
+            trace_id=draw(st.binary(min_size=16, max_size=16)),
+            span_id=draw(st.binary(min_size=8, max_size=8)),
+            name=draw(st.text(max_size=20)),
+            start_time_unix_nano=draw(st.integers(0, 2**63)),
+            end_time_unix_nano=draw(st.integers(0, 2**63)),
+            kind=draw(st.integers(0, 5)),
         )
         for _ in range(draw(st.integers(0, 3)))
     ]
@@ -79,7 +82,9 @@ encodings = st.sampled_from([None, "gzip", "deflate", "identity"])
 
 
 def _valid_request(name: str) -> bytes:
-    span = trace_pb2.Span(trace_id=b"\x07" * 16, span_id=b"\x08" * 8, name=name, start_time_unix_nano=1, end_time_unix_nano=2)
+    span = trace_pb2.Span(
+        trace_id=b"\x07" * 16, span_id=b"\x08" * 8, name=name, start_time_unix_nano=1, end_time_unix_nano=2
+    )
     return trace_service_pb2.ExportTraceServiceRequest(
         resource_spans=[trace_pb2.ResourceSpans(scope_spans=[trace_pb2.ScopeSpans(spans=[span])])]
     ).SerializeToString()
@@ -87,7 +92,9 @@ def _valid_request(name: str) -> bytes:
 
 def _wait_exported(sidecar: SidecarProcess, name: str) -> None:
     def exported() -> bool:
-        return sidecar.traces_file.exists() and any(s.name == name for s in iter_spans([sidecar.traces_file], skip_bad=True))
+        return sidecar.traces_file.exists() and any(
+            s.name == name for s in iter_spans([sidecar.traces_file], skip_bad=True)
+        )
 
     wait_for(exported, 30, f"span {name!r} in the sidecar's traces file")
 

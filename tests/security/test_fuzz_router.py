@@ -24,7 +24,9 @@ plausible = {
 bodies = st.one_of(
     st.binary(max_size=200),
     json_values.map(lambda v: json.dumps(v).encode()),
-    st.fixed_dictionaries({}, optional={f: plausible.get(f, json_values) for f in FIELDS}).map(lambda d: json.dumps(d).encode()),
+    st.fixed_dictionaries({}, optional={f: plausible.get(f, json_values) for f in FIELDS}).map(
+        lambda d: json.dumps(d).encode()
+    ),
 )
 
 

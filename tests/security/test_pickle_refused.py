@@ -172,9 +172,11 @@ def _unpickling_uses(source: str) -> list[str]:
             found += [a.name for a in node.names if a.name.split(".")[0] in UNPICKLING_MODULES]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in UNPICKLING_MODULES:
             found.append(node.module or "")
-        elif isinstance(node, ast.ImportFrom) and any(a.name in ("load", "Unpickler") for a in node.names) and (
-            node.module or ""
-        ).split(".")[0] in ("torch", "numpy"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and any(a.name in ("load", "Unpickler") for a in node.names)
+            and (node.module or "").split(".")[0] in ("torch", "numpy")
+        ):
             found.append(f"from {node.module} import load")
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             if (node.value.id, node.attr) in UNPICKLING_CALLS:
@@ -194,5 +196,7 @@ def test_no_receive_path_can_unpickle() -> None:
 
 
 def test_the_unpickling_check_finds_planted_uses() -> None:
-    planted = "import pickle\nfrom dill import loads\nimport torch\nx = torch.load('f')\nimport numpy as np\nnp.load('f')\n"
+    planted = (
+        "import pickle\nfrom dill import loads\nimport torch\nx = torch.load('f')\nimport numpy as np\nnp.load('f')\n"
+    )
     assert sorted(_unpickling_uses(planted)) == sorted(["pickle", "dill", "torch.load", "np.load"])

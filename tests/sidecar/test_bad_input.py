@@ -55,7 +55,9 @@ def _request(n_spans: int = 1, trace_id: bytes = b"\x01" * 16, start: int = 10, 
     ids=["garbage-protobuf", "garbage-json", "json-bad-hex", "zero-trace-id", "end-before-start", "oversized",
          "gzip-bomb", "bad-gzip", "content-type"],
 )  # fmt: skip
-def test_http_rejects_with_a_reason_and_keeps_serving(make_sidecar, tmp_path, body, content_type, encoding, status, reason):
+def test_http_rejects_with_a_reason_and_keeps_serving(
+    make_sidecar, tmp_path, body, content_type, encoding, status, reason
+):
     sidecar = make_sidecar(grpc_port=None, max_body_bytes=LIMIT)
     headers = {"Content-Encoding": encoding} if encoding else {}
     code, text = _post(sidecar.http_port, body, content_type, **headers)

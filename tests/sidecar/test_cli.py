@@ -54,12 +54,21 @@ def test_runs_as_a_process_serves_metrics_ingests_and_stops_on_sigterm(tmp_path)
         wait_for(lambda: _health(http_port) or process.poll() is not None, 30, "the sidecar to answer /health")
         assert process.poll() is None, process.stderr.read()
         sink = SidecarSink(sock)
-        sink.emit([SpanData("splitscope.step", 1, 5, 6, 0, 10, 20, {"splitscope.pool": "colocated", "splitscope.worker": "w0"})])
+        sink.emit(
+            [
+                SpanData(
+                    "splitscope.step", 1, 5, 6, 0, 10, 20, {"splitscope.pool": "colocated", "splitscope.worker": "w0"}
+                )
+            ]
+        )
         sink.shutdown(5.0)
         spans_when(traces, 1)
         for port in (http_port, metrics_port):
             status, body = http_get(f"http://127.0.0.1:{port}/metrics")
-            assert status == 200 and b'splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="false"} 1.0' in body
+            assert (
+                status == 200
+                and b'splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="false"} 1.0' in body
+            )
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
         assert "listening" in process.stderr.read()

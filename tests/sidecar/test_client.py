@@ -114,8 +114,15 @@ def test_session_in_a_subprocess_ships_spans_through_the_socket(make_sidecar, tm
     assert prefill.parent_span_id == f"{0x42:016x}" and prefill.duration_s == pytest.approx(0.048)
     assert prefill.resource["service.name"] == "splitscope-prefill"  # as the worker would name itself
     registry = sidecar.registry
-    assert registry.get_sample_value("splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}) == 10
-    assert registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "prefill"}) == 1
+    assert (
+        registry.get_sample_value(
+            "splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}
+        )
+        == 10
+    )
+    assert (
+        registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "prefill"}) == 1
+    )
 
 
 def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):
@@ -132,7 +139,10 @@ def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):
         conn.connect(path)
         conn.sendall(b"GET / HTTP/1.0\n")
         assert "handshake" in wire.decode_answer(conn.recv(1024))
-    assert sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sidecar_bad_frame"}) == 2
+    assert (
+        sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sidecar_bad_frame"})
+        == 2
+    )
     sink = SidecarSink(path)
     try:
         sink.emit(_steps(4))

@@ -71,7 +71,9 @@ def test_scrape_health_goes_down_and_recovers_with_one_log_line_each(make_sideca
 
     state["up"] = True
     assert _up(_exposed(sidecar)) == 1
-    assert [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()] == [f"splitscope sidecar: vllm scrape of {url} recovered"]
+    assert [r.getMessage() for r in caplog.records if "recovered" in r.getMessage()] == [
+        f"splitscope sidecar: vllm scrape of {url} recovered"
+    ]
 
 
 def test_no_engine_scrape_no_health_series_and_no_gauges_at_zero(make_sidecar, tmp_path):
@@ -110,5 +112,7 @@ def test_sidecar_model_flag_labels_request_metrics(make_sidecar, tmp_path):
     _send_vllm_span(endpoint, model=None)
     spans_when(tmp_path / "traces.jsonl", 8)
     count = "gen_ai_server_time_to_first_token_seconds_count"
-    assert sidecar.registry.get_sample_value(count, {"gen_ai_request_model": "Qwen/Qwen3-0.6B", "mode": "colocated"}) == 1
+    assert (
+        sidecar.registry.get_sample_value(count, {"gen_ai_request_model": "Qwen/Qwen3-0.6B", "mode": "colocated"}) == 1
+    )
     assert sidecar.registry.get_sample_value(count, {"gen_ai_request_model": "tiny-llama", "mode": "colocated"}) == 1

@@ -29,13 +29,26 @@ def _emit_worker_spans(exporter) -> list:
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer("test")
-    root = tracer.start_span("text_completion tiny", kind=SpanKind.SERVER, start_time=T0, attributes={
-        s.ATTR_MODEL: "tiny", s.ATTR_MODE: "colocated", s.ATTR_TTFT_S: 0.05, s.ATTR_OUTPUT_TOKENS: 5})
+    root = tracer.start_span(
+        "text_completion tiny",
+        kind=SpanKind.SERVER,
+        start_time=T0,
+        attributes={s.ATTR_MODEL: "tiny", s.ATTR_MODE: "colocated", s.ATTR_TTFT_S: 0.05, s.ATTR_OUTPUT_TOKENS: 5},
+    )
     from opentelemetry import trace
 
     ctx = trace.set_span_in_context(root)
-    prefill = tracer.start_span(s.SPAN_PREFILL, context=ctx, start_time=T0 + 2 * MS, attributes={
-        s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0", s.ATTR_PREFILL_TOKENS: 100, s.ATTR_PREFILL_CACHED_TOKENS: 16})
+    prefill = tracer.start_span(
+        s.SPAN_PREFILL,
+        context=ctx,
+        start_time=T0 + 2 * MS,
+        attributes={
+            s.ATTR_POOL: "colocated",
+            s.ATTR_WORKER: "w0",
+            s.ATTR_PREFILL_TOKENS: 100,
+            s.ATTR_PREFILL_CACHED_TOKENS: 16,
+        },
+    )
     prefill.end(end_time=T0 + 50 * MS)
     foreign = tracer.start_span("db.query", context=ctx, start_time=T0 + 1 * MS, attributes={"db.rows": 3})
     foreign.set_status(Status(StatusCode.ERROR, "timeout"))
@@ -58,12 +71,20 @@ def _check_roundtrip(sidecar, tmp_path, sent) -> None:
     assert spans["db.query"].status_code == 2 and spans["db.query"].status_message == "timeout"
     registry = sidecar.registry
     # Our spans feed the catalogue exactly as in-process tracing would; the foreign one does not.
-    assert registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}) == 1
+    assert (
+        registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"})
+        == 1
+    )
     assert registry.get_sample_value("splitscope_tokens_total", {"pool": "colocated", "phase": "prefill"}) == 84
     labels = {"gen_ai_request_model": "tiny", "mode": "colocated"}
     assert registry.get_sample_value("gen_ai_server_time_to_first_token_seconds_sum", labels) == pytest.approx(0.05)
     assert registry.get_sample_value("gen_ai_server_request_duration_seconds_sum", labels) == pytest.approx(0.15)
-    assert registry.get_sample_value("gen_ai_server_request_duration_seconds_count", {"gen_ai_request_model": "", "mode": ""}) is None
+    assert (
+        registry.get_sample_value(
+            "gen_ai_server_request_duration_seconds_count", {"gen_ai_request_model": "", "mode": ""}
+        )
+        is None
+    )
 
 
 def test_otlp_http_protobuf_from_the_sdk_exporter(make_sidecar, tmp_path):
@@ -104,4 +125,7 @@ def test_a_full_ingest_queue_answers_partial_success_and_counts_the_drop(make_si
     batch = _emit_worker_spans(memory)  # 3 spans in one resource: more than the queue holds
     assert exporter.export(batch) == SpanExportResult.SUCCESS  # OTLP: partial success is not an error
     assert len(sidecar.queue) == 0
-    assert sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sidecar_queue_full"}) == 3
+    assert (
+        sidecar.registry.get_sample_value("splitscope_tracer_dropped_records_total", {"reason": "sidecar_queue_full"})
+        == 3
+    )

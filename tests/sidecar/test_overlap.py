@@ -84,8 +84,10 @@ def _truth(run: Run) -> Truth:
             truth.clean += 1
             truth.steps_false += len(decode)
     for w, its in by_worker.items():
-        truth.busy_s[w] = (sum(it.end_s - it.start_s for it in its),
-                           sum(it.end_s - it.start_s for it in its if it.prefill_tokens))
+        truth.busy_s[w] = (
+            sum(it.end_s - it.start_s for it in its),
+            sum(it.end_s - it.start_s for it in its if it.prefill_tokens),
+        )
     return truth
 
 
@@ -112,13 +114,17 @@ def _classify(run: Run, clock: FakeClock, registry: CollectorRegistry) -> Overla
     return classifier
 
 
-@pytest.mark.parametrize("case_name, free_prefill", [("bursty", False), ("medium-max-gap", False),
-                                                      ("short-chats", False), ("medium-max-gap", True)])
+@pytest.mark.parametrize(
+    "case_name, free_prefill",
+    [("bursty", False), ("medium-max-gap", False), ("short-chats", False), ("medium-max-gap", True)],
+)
 def test_classification_matches_the_oracles_iterations(case_name: str, free_prefill: bool) -> None:
     """Colocated (whole prompts in one step). `free_prefill`: prefill tokens cost nothing, so requests
     overlap as often but nothing interferes."""
     case = CASES[case_name]
-    physics = replace(case.physics, per_prefill_token_s=0.0, per_attention_token2_s=0.0) if free_prefill else case.physics
+    physics = (
+        replace(case.physics, per_prefill_token_s=0.0, per_attention_token2_s=0.0) if free_prefill else case.physics
+    )
     sample = traffic(case, 300, seed=3)
     run = serve(Deployment("colocated", workers=2), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, physics)
     truth = _truth(run)
@@ -161,8 +167,9 @@ def test_classification_matches_the_oracles_iterations(case_name: str, free_pref
 def test_prefills_arriving_after_the_hold_are_counted_late_not_guessed() -> None:
     case = CASES["bursty"]
     sample = traffic(case, 200, seed=5)
-    run = serve(Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens,
-                case.physics)
+    run = serve(
+        Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
+    )
     truth = _truth(run)
     overlapped, clean = truth.overlapped, truth.clean
 
@@ -172,8 +179,13 @@ def test_prefills_arriving_after_the_hold_are_counted_late_not_guessed() -> None
     clock = FakeClock()
     classifier = OverlapClassifier(Catalogue(registry, worker_gauges=False), hold_s=1e-3, clock_s=clock)
     adapter = VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0")
-    stages = [st for line in vllm_request_lines(run, 0) for b in decode_json(line.encode())
-              for span in b.spans for st in adapter.stage_spans(span)]
+    stages = [
+        st
+        for line in vllm_request_lines(run, 0)
+        for b in decode_json(line.encode())
+        for span in b.spans
+        for st in adapter.stage_spans(span)
+    ]
     np.random.default_rng(0).shuffle(stages)
     for stage in stages:
         classifier.add(stage)
@@ -196,20 +208,32 @@ def test_a_held_decode_waits_for_its_hold_on_the_timeline_or_the_wall_clock() ->
     common = {s.ATTR_POOL: Pool.COLOCATED, s.ATTR_WORKER: "w"}
 
     def stage(name: str, start_s: float, end_s: float, **attrs: int) -> s.SpanData:
-        return s.SpanData(name=name, kind=s.KIND_INTERNAL, trace_id=1, span_id=s.new_span_id(), parent_span_id=0,
-                          start_ns=int(start_s * 1e9), end_ns=int(end_s * 1e9), attributes={**common, **attrs})
+        return s.SpanData(
+            name=name,
+            kind=s.KIND_INTERNAL,
+            trace_id=1,
+            span_id=s.new_span_id(),
+            parent_span_id=0,
+            start_ns=int(start_s * 1e9),
+            end_ns=int(end_s * 1e9),
+            attributes={**common, **attrs},
+        )
 
     classifier.add(stage(s.SPAN_DECODE, 100.0, 101.0, **{s.ATTR_OUTPUT_TOKENS: 11}))
     assert classifier.advance() == 0
     # Another request's prefill inside that decode arrives 5 s later (its own request finished then).
-    classifier.add(stage(s.SPAN_PREFILL, 100.5, 100.6, **{s.ATTR_PREFILL_TOKENS: 1000, s.ATTR_PREFILL_CACHED_TOKENS: 200}))
+    classifier.add(
+        stage(s.SPAN_PREFILL, 100.5, 100.6, **{s.ATTR_PREFILL_TOKENS: 1000, s.ATTR_PREFILL_CACHED_TOKENS: 200})
+    )
     classifier.add(stage(s.SPAN_DECODE, 100.6, 105.0, **{s.ATTR_OUTPUT_TOKENS: 2}))
     assert classifier.advance() == 0
     clock.now_s += 5.9  # timeline 105 s + 5.9 s idle < 101 s + 10 s hold
     assert classifier.advance() == 0
     clock.now_s += 0.2
     assert classifier.advance() == 1
-    assert _value(registry, DECODE_TPOT_HISTOGRAM + "_sum", pool="colocated", prefill_overlap="true") == pytest.approx(0.1)
+    assert _value(registry, DECODE_TPOT_HISTOGRAM + "_sum", pool="colocated", prefill_overlap="true") == pytest.approx(
+        0.1
+    )
     assert _value(registry, OVERLAP_PREFILL_STEPS_COUNTER, pool="colocated") == 1
     assert _value(registry, "splitscope_decode_overlap_prefill_tokens_total", pool="colocated") == pytest.approx(800)
     clock.now_s += 10
@@ -220,11 +244,22 @@ def test_a_held_decode_waits_for_its_hold_on_the_timeline_or_the_wall_clock() ->
 
 def test_the_hold_is_bounded_and_overflow_is_counted() -> None:
     registry = CollectorRegistry()
-    classifier = OverlapClassifier(Catalogue(registry, worker_gauges=False), hold_s=100.0, max_held=3, clock_s=FakeClock())
+    classifier = OverlapClassifier(
+        Catalogue(registry, worker_gauges=False), hold_s=100.0, max_held=3, clock_s=FakeClock()
+    )
     for i in range(5):
-        classifier.add(s.SpanData(name=s.SPAN_DECODE, kind=s.KIND_INTERNAL, trace_id=i + 1, span_id=s.new_span_id(),
-                                  parent_span_id=0, start_ns=i * 10**9, end_ns=(i + 1) * 10**9,
-                                  attributes={s.ATTR_POOL: Pool.COLOCATED, s.ATTR_WORKER: "w", s.ATTR_OUTPUT_TOKENS: 5}))
+        classifier.add(
+            s.SpanData(
+                name=s.SPAN_DECODE,
+                kind=s.KIND_INTERNAL,
+                trace_id=i + 1,
+                span_id=s.new_span_id(),
+                parent_span_id=0,
+                start_ns=i * 10**9,
+                end_ns=(i + 1) * 10**9,
+                attributes={s.ATTR_POOL: Pool.COLOCATED, s.ATTR_WORKER: "w", s.ATTR_OUTPUT_TOKENS: 5},
+            )
+        )
     assert _value(registry, OVERLAP_UNCLASSIFIED_COUNTER, pool="colocated") == 2
 
 
@@ -237,12 +272,18 @@ def test_a_chunked_prefill_engine_gets_the_tpot_split_but_no_step_estimate() -> 
     """Under chunked prefill one prompt's window spans several steps, so its steps cannot be counted."""
     case = CASES["medium-max-gap"]
     sample = traffic(case, 200, seed=3)
-    run = serve(Deployment("chunked", workers=1, budget_tokens=256), sample.at(1.5), sample.prompt_tokens,
-                sample.output_tokens, case.physics)
+    run = serve(
+        Deployment("chunked", workers=1, budget_tokens=256),
+        sample.at(1.5),
+        sample.prompt_tokens,
+        sample.output_tokens,
+        case.physics,
+    )
     registry = CollectorRegistry()
     clock = FakeClock()
-    classifier = OverlapClassifier(Catalogue(registry, worker_gauges=False), hold_s=HOLD_S, clock_s=clock,
-                                   prefill_in_one_step=False)
+    classifier = OverlapClassifier(
+        Catalogue(registry, worker_gauges=False), hold_s=HOLD_S, clock_s=clock, prefill_in_one_step=False
+    )
     adapter = VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0")
     for line in vllm_request_lines(run, 0):
         for batch in decode_json(line.encode()):
@@ -253,6 +294,8 @@ def test_a_chunked_prefill_engine_gets_the_tpot_split_but_no_step_estimate() -> 
     clock.now_s += 2 * HOLD_S
     classifier.advance()
     truth = _truth(run)
-    assert _value(registry, DECODE_TPOT_HISTOGRAM + "_count", pool="colocated", prefill_overlap="true") == truth.overlapped
+    assert (
+        _value(registry, DECODE_TPOT_HISTOGRAM + "_count", pool="colocated", prefill_overlap="true") == truth.overlapped
+    )
     assert _value(registry, OVERLAP_PREFILL_STEPS_COUNTER, pool="colocated") == 0
     assert _value(registry, OVERLAP_PREFILL_SECONDS_COUNTER, pool="colocated") == 0

@@ -51,14 +51,20 @@ def _families(text: str) -> dict:
 
 
 def _value(families: dict, family: str, sample: str, **labels) -> float:
-    matches = [x.value for x in families[family].samples if x.name == sample and all(x.labels.get(k) == v for k, v in labels.items())]
+    matches = [
+        x.value
+        for x in families[family].samples
+        if x.name == sample and all(x.labels.get(k) == v for k, v in labels.items())
+    ]
     assert len(matches) == 1, (sample, labels, matches)
     return matches[0]
 
 
 def test_vllm_fixture_maps_into_our_catalogue(make_sidecar, engine_server):
     url = engine_server(FIXTURES / "vllm-worker-metrics.txt", FIXTURES / "vllm-nixl-metrics.txt")
-    sidecar = make_sidecar(grpc_port=None, pool="decode", worker="vllm-d0", mode="disaggregated", scrape=[("vllm", url)])
+    sidecar = make_sidecar(
+        grpc_port=None, pool="decode", worker="vllm-d0", mode="disaggregated", scrape=[("vllm", url)]
+    )
     status, body = http_get(f"http://127.0.0.1:{sidecar.http_port}/metrics")
     f = _families(body.decode())
     assert status == 200
@@ -67,19 +73,85 @@ def test_vllm_fixture_maps_into_our_catalogue(make_sidecar, engine_server):
     assert _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", worker="vllm-d0") == 2
     assert _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", worker="vllm-d0/1") == 5
     ttft = {"gen_ai_request_model": "Qwen/Qwen3-0.6B", "mode": "disaggregated"}
-    assert _value(f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_count", **ttft) == 2
-    assert _value(f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_sum", **ttft) == pytest.approx(0.4143967628479004)
+    assert (
+        _value(
+            f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_count", **ttft
+        )
+        == 2
+    )
+    assert _value(
+        f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_sum", **ttft
+    ) == pytest.approx(0.4143967628479004)
     # The engine's own bucket boundaries are kept (vLLM's TTFT buckets go to 2560 s; ours stop at 80 s).
-    assert _value(f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_bucket", le="2560.0", **ttft) == 2
-    assert _value(f, "splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", pool="decode") == 598
-    assert _value(f, "splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds_count", stage="queue", pool="decode") == 2
+    assert (
+        _value(
+            f,
+            "gen_ai_server_time_to_first_token_seconds",
+            "gen_ai_server_time_to_first_token_seconds_bucket",
+            le="2560.0",
+            **ttft,
+        )
+        == 2
+    )
+    assert (
+        _value(
+            f, "splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", pool="decode"
+        )
+        == 598
+    )
+    assert (
+        _value(
+            f,
+            "splitscope_stage_duration_seconds",
+            "splitscope_stage_duration_seconds_count",
+            stage="queue",
+            pool="decode",
+        )
+        == 2
+    )
     # NIXL: two engine cores with equal buckets are summed into one series per stage / pool.
-    assert _value(f, "splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds_count", stage="kv_transfer", pool="decode") == 6
-    assert _value(f, "splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds_bucket", stage="kv_transfer", pool="decode", le="0.01") == 4
-    assert _value(f, "splitscope_kv_transfer_bytes", "splitscope_kv_transfer_bytes_total", src_pool="prefill", dst_pool="decode") == 5e7
-    assert _value(f, "splitscope_kv_transfer_failures", "splitscope_kv_transfer_failures_total", reason="nixl_transfer_failed") == 3
+    assert (
+        _value(
+            f,
+            "splitscope_stage_duration_seconds",
+            "splitscope_stage_duration_seconds_count",
+            stage="kv_transfer",
+            pool="decode",
+        )
+        == 6
+    )
+    assert (
+        _value(
+            f,
+            "splitscope_stage_duration_seconds",
+            "splitscope_stage_duration_seconds_bucket",
+            stage="kv_transfer",
+            pool="decode",
+            le="0.01",
+        )
+        == 4
+    )
+    assert (
+        _value(
+            f,
+            "splitscope_kv_transfer_bytes",
+            "splitscope_kv_transfer_bytes_total",
+            src_pool="prefill",
+            dst_pool="decode",
+        )
+        == 5e7
+    )
+    assert (
+        _value(
+            f, "splitscope_kv_transfer_failures", "splitscope_kv_transfer_failures_total", reason="nixl_transfer_failed"
+        )
+        == 3
+    )
     # Our own families are still there, once: the pre-created drop counters of the catalogue.
-    assert _value(f, "splitscope_tracer_dropped_records", "splitscope_tracer_dropped_records_total", reason="ring_full") == 0
+    assert (
+        _value(f, "splitscope_tracer_dropped_records", "splitscope_tracer_dropped_records_total", reason="ring_full")
+        == 0
+    )
     assert not any(name.startswith(("vllm:", "dynamo_", "lmcache:")) for name in f)
 
 
@@ -87,10 +159,22 @@ def test_dynamo_frontend_fixture_gives_ttft_itl_and_queueing(engine_server):
     text = (FIXTURES / "dynamo-frontend-metrics.txt").read_text()
     f = {m.name: m for m in map_families(text, "dynamo", pool="decode", worker="frontend", mode="disaggregated")}
     labels = {"gen_ai_request_model": "qwen/qwen3-0.6b", "mode": "disaggregated"}
-    assert _value(f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_sum", **labels) == pytest.approx(1.5625701570000001)
-    assert _value(f, "gen_ai_server_request_duration_seconds", "gen_ai_server_request_duration_seconds_count", **labels) == 1
-    assert _value(f, "splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", pool="decode") == 299
-    assert _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", pool="decode", worker="frontend") == 0
+    assert _value(
+        f, "gen_ai_server_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds_sum", **labels
+    ) == pytest.approx(1.5625701570000001)
+    assert (
+        _value(f, "gen_ai_server_request_duration_seconds", "gen_ai_server_request_duration_seconds_count", **labels)
+        == 1
+    )
+    assert (
+        _value(
+            f, "splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", pool="decode"
+        )
+        == 299
+    )
+    assert (
+        _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", pool="decode", worker="frontend") == 0
+    )
     assert _value(f, "splitscope_tokens", "splitscope_tokens_total", phase="prefill") == 33
     assert _value(f, "splitscope_tokens", "splitscope_tokens_total", phase="decode") == 300
 
@@ -104,10 +188,23 @@ def test_sglang_hand_made_fixture_maps_stages(make_sidecar, engine_server):
     assert _value(f, stage, stage + "_sum", stage="prefill", pool="prefill") == pytest.approx(18.75)
     assert _value(f, stage, stage + "_count", stage="kv_transfer", pool="prefill") == 98
     assert not [x for x in f[stage].samples if x.labels.get("stage") == "tokenize"]  # no counterpart: left out
-    assert _value(f, "splitscope_kv_cache_usage_ratio", "splitscope_kv_cache_usage_ratio", worker="sgl-p0") == pytest.approx(0.42)
+    assert _value(
+        f, "splitscope_kv_cache_usage_ratio", "splitscope_kv_cache_usage_ratio", worker="sgl-p0"
+    ) == pytest.approx(0.42)
     assert _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", worker="sgl-p0") == 7
-    assert _value(f, "splitscope_prefix_cache_hit_tokens", "splitscope_prefix_cache_hit_tokens_total", pool="prefill") == 21000
-    assert _value(f, "splitscope_kv_transfer_failures", "splitscope_kv_transfer_failures_total", reason="sglang_transfer_failed") == 2
+    assert (
+        _value(f, "splitscope_prefix_cache_hit_tokens", "splitscope_prefix_cache_hit_tokens_total", pool="prefill")
+        == 21000
+    )
+    assert (
+        _value(
+            f,
+            "splitscope_kv_transfer_failures",
+            "splitscope_kv_transfer_failures_total",
+            reason="sglang_transfer_failed",
+        )
+        == 2
+    )
 
 
 def test_an_unreachable_engine_leaves_our_metrics_served(make_sidecar, port):

@@ -37,7 +37,9 @@ def _send_node(endpoint: str, node: str, slices: list[tuple[str, int, int]], tra
     root = tracer.start_span(f"Req {node}", context=trace_id_from, start_time=T0)
     thread = tracer.start_span("Scheduler [TP 0]", context=trace.set_span_in_context(root), start_time=T0)
     for name, start_ms, end_ms in slices:
-        tracer.start_span(name, context=trace.set_span_in_context(thread), start_time=T0 + start_ms * MS).end(end_time=T0 + end_ms * MS)
+        tracer.start_span(name, context=trace.set_span_in_context(thread), start_time=T0 + start_ms * MS).end(
+            end_time=T0 + end_ms * MS
+        )
     thread.end(end_time=T0 + slices[-1][2] * MS)
     root.end(end_time=T0 + slices[-1][2] * MS)
     provider.shutdown()
@@ -48,7 +50,11 @@ def test_sglang_slices_become_our_stages_beside_them(make_sidecar, tmp_path):
     prefill_side = make_sidecar(grpc_port=None, pool="prefill", worker="sgl-p0", traces_file=str(tmp_path / "p.jsonl"))
     decode_side = make_sidecar(grpc_port=None, pool="decode", worker="sgl-d0", traces_file=str(tmp_path / "d.jsonl"))
     trace_id = _send_node(f"http://127.0.0.1:{prefill_side.http_port}/v1/traces", "prefill", PREFILL_SLICES)
-    bootstrap_room = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(trace_id, 0x42, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    bootstrap_room = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(trace_id, 0x42, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        )
+    )
     _send_node(f"http://127.0.0.1:{decode_side.http_port}/v1/traces", "decode", DECODE_SLICES, bootstrap_room)
 
     prefill = spans_when(tmp_path / "p.jsonl", 2 + len(PREFILL_SLICES) + 3)
@@ -66,9 +72,18 @@ def test_sglang_slices_become_our_stages_beside_them(make_sidecar, tmp_path):
     assert all(x.parent_span_id in threads for x in ours.values())  # beside the slice, under its thread
     assert ours[(s.SPAN_PREFILL, "prefill")].attributes[s.ATTR_WORKER] == "sgl-p0"
     # Metered from the spans (no SGLang scrape on these sidecars).
-    assert prefill_side.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "decode", "pool": "prefill"}) == 0
-    assert prefill_side.registry.get_sample_value("splitscope_stage_duration_seconds_sum", {"stage": "prefill", "pool": "prefill"}) == pytest.approx(0.040)
-    assert decode_side.registry.get_sample_value("splitscope_stage_duration_seconds_sum", {"stage": "kv_transfer", "pool": "decode"}) == pytest.approx(0.019)
+    assert (
+        prefill_side.registry.get_sample_value(
+            "splitscope_stage_duration_seconds_count", {"stage": "decode", "pool": "prefill"}
+        )
+        == 0
+    )
+    assert prefill_side.registry.get_sample_value(
+        "splitscope_stage_duration_seconds_sum", {"stage": "prefill", "pool": "prefill"}
+    ) == pytest.approx(0.040)
+    assert decode_side.registry.get_sample_value(
+        "splitscope_stage_duration_seconds_sum", {"stage": "kv_transfer", "pool": "decode"}
+    ) == pytest.approx(0.019)
 
 
 def test_sglang_pd_metrics_map_transfer_bytes_and_queues(make_sidecar, engine_server):  # noqa: F811
@@ -76,7 +91,16 @@ def test_sglang_pd_metrics_map_transfer_bytes_and_queues(make_sidecar, engine_se
                            scrape=[("sglang", engine_server(FIXTURES / "sglang-pd-prefill-metrics.txt"))])  # fmt: skip
     f = _families(http_get(f"http://127.0.0.1:{prefill.http_port}/metrics")[1].decode())
     # 30.5 MiB over four transfers, counted in bytes from the per-transfer histogram's sum.
-    assert _value(f, "splitscope_kv_transfer_bytes", "splitscope_kv_transfer_bytes_total", src_pool="prefill", dst_pool="decode") == 30.5 * 2**20
+    assert (
+        _value(
+            f,
+            "splitscope_kv_transfer_bytes",
+            "splitscope_kv_transfer_bytes_total",
+            src_pool="prefill",
+            dst_pool="decode",
+        )
+        == 30.5 * 2**20
+    )
     # Waiting on the prefill node: the wait queue (3) and the bootstrap (prealloc) queue (2), not the 4 in flight.
     assert _value(f, "splitscope_requests_waiting", "splitscope_requests_waiting", worker="sgl-p0") == 5
 
@@ -114,8 +138,11 @@ def test_both_nodes_through_one_sidecar_keep_each_nodes_stages(make_sidecar, tmp
     sidecar = make_sidecar(grpc_port=None, pool="decode")  # its pool labels every stage it makes
     endpoint = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
     trace_id = _send_node(endpoint, "prefill", PREFILL_SLICES)
-    room = trace.set_span_in_context(trace.NonRecordingSpan(trace.SpanContext(
-        trace_id, 0x42, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))))
+    room = trace.set_span_in_context(
+        trace.NonRecordingSpan(
+            trace.SpanContext(trace_id, 0x42, is_remote=True, trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        )
+    )
     _send_node(endpoint, "decode", DECODE_SLICES, room)
     spans = spans_when(tmp_path / "traces.jsonl", 4 + len(PREFILL_SLICES) + len(DECODE_SLICES) + 6)
     queues = sorted((x.start_ns - T0) // MS for x in spans if x.name == s.SPAN_QUEUE)

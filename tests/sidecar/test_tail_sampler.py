@@ -97,7 +97,9 @@ def test_the_share_kept_is_the_rate_by_trace_id_alone():
 
 def test_a_trace_without_its_root_is_decided_at_the_timeout():
     clock, decisions = FakeClock(), []
-    sampler = TailSampler(1.0, decision_timeout_s=30.0, clock=clock, on_decision=lambda keep, why: decisions.append((keep, why)))
+    sampler = TailSampler(
+        1.0, decision_timeout_s=30.0, clock=clock, on_decision=lambda keep, why: decisions.append((keep, why))
+    )
     _, children = _request(9, violated=False)
     sampler.offer("w", children)
     clock.now_s = 29.0
@@ -165,7 +167,11 @@ def test_under_a_flood_a_real_sidecar_keeps_every_violator_whole_and_counts_what
             assert sorted(written.get(root.trace_id, [])) == expected  # whole
         else:
             assert root.trace_id not in written or sorted(written[root.trace_id]) == expected
-    quiet = [root.trace_id for root, children in requests if not root.attributes[s.ATTR_SLO_VIOLATED] and not any(c.error_type for c in children)]
+    quiet = [
+        root.trace_id
+        for root, children in requests
+        if not root.attributes[s.ATTR_SLO_VIOLATED] and not any(c.error_type for c in children)
+    ]
     kept_quiet = sum(trace_id in written for trace_id in quiet)
     assert abs(kept_quiet - RATE * len(quiet)) < 5 * (len(quiet) * RATE * (1 - RATE)) ** 0.5
     spans_written = sum(len(names) for names in written.values())

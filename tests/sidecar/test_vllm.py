@@ -58,9 +58,13 @@ def test_vllm_request_span_gets_stage_children_with_exact_timings(make_sidecar, 
     labels = {"gen_ai_request_model": "Qwen/Qwen3-0.6B", "mode": "disaggregated"}
     assert registry.get_sample_value("gen_ai_server_time_to_first_token_seconds_sum", labels) == pytest.approx(TTFT_S)
     assert registry.get_sample_value("gen_ai_server_request_duration_seconds_sum", labels) == pytest.approx(E2E_S)
-    assert registry.get_sample_value("gen_ai_server_time_per_output_token_seconds_sum", labels) == pytest.approx((E2E_S - TTFT_S) / 299)
+    assert registry.get_sample_value("gen_ai_server_time_per_output_token_seconds_sum", labels) == pytest.approx(
+        (E2E_S - TTFT_S) / 299
+    )
     for stage, seconds in (("queue", QUEUE_S), ("prefill", PREFILL_S), ("decode", DECODE_S)):
-        assert registry.get_sample_value("splitscope_stage_duration_seconds_sum", {"stage": stage, "pool": "prefill"}) == pytest.approx(seconds)
+        assert registry.get_sample_value(
+            "splitscope_stage_duration_seconds_sum", {"stage": stage, "pool": "prefill"}
+        ) == pytest.approx(seconds)
     assert registry.get_sample_value("splitscope_tokens_total", {"pool": "prefill", "phase": "decode"}) == 300
 
 
@@ -69,14 +73,28 @@ def test_when_vllm_metrics_are_scraped_spans_do_not_feed_the_same_families(make_
     sidecar = make_sidecar(http_port=None, scrape=[("vllm", "http://127.0.0.1:9/metrics")])
     _send_vllm_span(f"127.0.0.1:{sidecar.grpc_port}")
     spans_when(tmp_path / "traces.jsonl", 4)
-    assert sidecar.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "colocated"}) is None
+    assert (
+        sidecar.registry.get_sample_value(
+            "splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "colocated"}
+        )
+        is None
+    )
 
 
 def test_adapter_skips_missing_stages_and_ignores_other_spans():
     adapter = vllm.VllmAdapter()
     other = s.SpanData("llm_request", 2, 1, 2, 0, 0, 10, {"unrelated": 1})
     assert not adapter.matches(other)  # no gen_ai.latency.e2e: not vLLM's span
-    partial = s.SpanData("llm_request", 2, 1, 2, 0, 1_000, 9_000, {vllm.ATTR_E2E: 8e-6, vllm.ATTR_DECODE: 5e-6, vllm.ATTR_TIME_IN_QUEUE: "x"})
+    partial = s.SpanData(
+        "llm_request",
+        2,
+        1,
+        2,
+        0,
+        1_000,
+        9_000,
+        {vllm.ATTR_E2E: 8e-6, vllm.ATTR_DECODE: 5e-6, vllm.ATTR_TIME_IN_QUEUE: "x"},
+    )
     (decode,) = adapter.stage_spans(partial)
     assert decode.name == s.SPAN_DECODE and (decode.start_ns, decode.end_ns) == (1_000, 6_000)
     metrics_only = adapter.request_metrics_span(partial)

@@ -94,11 +94,20 @@ def test_lifecycle_spans_map_one_to_one_and_replace_derived_stages(make_sidecar,
     ours = {x.name: x for x in spans if x.name.startswith("splitscope.")}
     assert sorted(ours) == sorted([s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE])
     lifecycle = {x.name: x for x in spans if x.name.startswith("vllm_")}
-    for theirs, mine in (("vllm_queue", s.SPAN_QUEUE), ("vllm_prefill", s.SPAN_PREFILL), ("vllm_decode", s.SPAN_DECODE)):
+    for theirs, mine in (
+        ("vllm_queue", s.SPAN_QUEUE),
+        ("vllm_prefill", s.SPAN_PREFILL),
+        ("vllm_decode", s.SPAN_DECODE),
+    ):
         assert (ours[mine].start_ns, ours[mine].end_ns) == (lifecycle[theirs].start_ns, lifecycle[theirs].end_ns)
         assert ours[mine].parent_span_id == lifecycle[theirs].parent_span_id  # beside it, under llm_request
         assert ours[mine].trace_id == f"{trace_id:032x}" and ours[mine].attributes[s.ATTR_WORKER] == "vllm-0"
-    assert sidecar.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}) == 1
+    assert (
+        sidecar.registry.get_sample_value(
+            "splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}
+        )
+        == 1
+    )
 
 
 def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_path):
@@ -108,8 +117,15 @@ def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_
     spans = wait_for(lambda: (found := read_spans(tmp_path / "traces.jsonl"))
                      and sum(x.name.startswith("vllm_") for x in found) == 3 and found, 10, "the lifecycle spans")  # fmt: skip
     assert len(spans) == 7  # llm_request, its 3 derived stages, 3 lifecycle spans
-    assert sorted(x.name for x in spans if x.name.startswith("splitscope.")) == sorted([s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE])
-    assert sidecar.registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}) == 1
+    assert sorted(x.name for x in spans if x.name.startswith("splitscope.")) == sorted(
+        [s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE]
+    )
+    assert (
+        sidecar.registry.get_sample_value(
+            "splitscope_stage_duration_seconds_count", {"stage": "prefill", "pool": "colocated"}
+        )
+        == 1
+    )
 
 
 def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):

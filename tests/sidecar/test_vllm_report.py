@@ -22,7 +22,9 @@ REQUESTS = 60
 def test_report_reads_vllm_request_spans_and_says_what_it_estimated(make_sidecar, tmp_path):
     sidecar = make_sidecar(grpc_port=None)
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
-    provider.add_span_processor(BatchSpanProcessor(HttpSpanExporter(endpoint=f"http://127.0.0.1:{sidecar.http_port}/v1/traces")))
+    provider.add_span_processor(
+        BatchSpanProcessor(HttpSpanExporter(endpoint=f"http://127.0.0.1:{sidecar.http_port}/v1/traces"))
+    )
     tracer = provider.get_tracer("vllm.llm_engine")
     rng = random.Random(3)
     t0 = 1_700_000_000_000_000_000

@@ -54,7 +54,9 @@ def prompt_of(tokens: int, seed: int) -> str:
 
 
 async def _start_worker(argv: list[str], role: str, name: str) -> WorkerProcess:
-    process = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL)
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL
+    )
     return WorkerProcess(role, name, process)
 
 
@@ -112,7 +114,9 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
         phases = []
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout) as client:
-            await _complete(client, url, {"model": plan["preset"], "prompt": prompt_of(WARM_UP_PROMPT_TOKENS, -1), "max_tokens": 2})
+            await _complete(
+                client, url, {"model": plan["preset"], "prompt": prompt_of(WARM_UP_PROMPT_TOKENS, -1), "max_tokens": 2}
+            )
             for phase_index, phase in enumerate(plan["phases"]):
                 link.set_rate(phase["rate_bits_per_s"])
                 start_wall_ns = time.time_ns()

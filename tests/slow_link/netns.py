@@ -56,7 +56,9 @@ class VethLink:
     @classmethod
     def create(cls) -> VethLink:
         tag = secrets.token_hex(3)
-        link = cls(Side(f"sslow-{tag}-p", f"ssp{tag}", LEFT_ADDRESS), Side(f"sslow-{tag}-d", f"ssd{tag}", RIGHT_ADDRESS))
+        link = cls(
+            Side(f"sslow-{tag}-p", f"ssp{tag}", LEFT_ADDRESS), Side(f"sslow-{tag}-d", f"ssd{tag}", RIGHT_ADDRESS)
+        )
         try:
             for side in (link.left, link.right):
                 _run("ip", "netns", "add", side.netns)

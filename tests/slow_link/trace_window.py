@@ -18,7 +18,9 @@ def copy_window(source: Path, destination: Path, start_ns: int, end_ns: int) -> 
             request = json.loads(line)
             for resource_spans in request.get("resourceSpans", []):
                 for scope_spans in resource_spans.get("scopeSpans", []):
-                    inside = [s for s in scope_spans.get("spans", []) if start_ns <= int(s["startTimeUnixNano"]) <= end_ns]
+                    inside = [
+                        s for s in scope_spans.get("spans", []) if start_ns <= int(s["startTimeUnixNano"]) <= end_ns
+                    ]
                     scope_spans["spans"] = inside
                     kept += len(inside)
             out.write(json.dumps(request) + "\n")

@@ -38,7 +38,11 @@ def test_each_recorder_pushes_one_record_of_its_kind_with_its_fields():
     tracer.step(3, 4, 8, 0, 100)
     tracer.stage_wall("kv_transfer", ctx, 5, 6, error_type="timeout")
     records = [RECORD_TYPES[r[0]]._make(r) for r in tracer.ring.drain(10)]
-    assert [(r.kind, r.start, r.end) for r in records] == [(KIND_STAGE, 1, 2), (KIND_STEP, 3, 4), (KIND_STAGE_WALL, 5, 6)]
+    assert [(r.kind, r.start, r.end) for r in records] == [
+        (KIND_STAGE, 1, 2),
+        (KIND_STEP, 3, 4),
+        (KIND_STAGE_WALL, 5, 6),
+    ]
     assert records[1].decode_requests == 8 and records[1].context_tokens == 100
     assert records[1].prefill_attention_tokens2 == -1  # not given: the step span then lacks the attribute
     assert records[2].stage == "kv_transfer" and records[2].error_type == "timeout" and records[2].ctx is ctx

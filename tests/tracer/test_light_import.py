@@ -20,20 +20,26 @@ def _heavy_modules_after(code: str) -> list[str]:
 
 
 def test_the_engine_facing_api_imports_no_sdk_no_metrics_library_no_numpy_no_torch():
-    assert _heavy_modules_after("""
+    assert (
+        _heavy_modules_after("""
         from tracer import NoopTracer, RecordingTracer, TraceContext, Tracer, start_tracing
         from tracer.records import RecordRing, StageRecord, StepRecord
         from tracer.sidecar.client import SidecarSink
         from tracer.spans import ATTR_PREFILL_TOKENS, SpanData
         from tracer.vocabulary import Pool, Stage
-    """) == []
+    """)
+        == []
+    )
 
 
 def test_tracing_off_and_the_local_path_differ_only_in_what_they_load():
-    assert _heavy_modules_after("""
+    assert (
+        _heavy_modules_after("""
         from tracer import start_tracing
         start_tracing("colocated", "w0", enabled=False).tracer.stage("queue", None, 0, 1)
-    """) == []
+    """)
+        == []
+    )
     loaded = _heavy_modules_after("""
         from tracer import start_tracing
         start_tracing("colocated", "w0", processors=[]).shutdown(1.0)

@@ -36,7 +36,9 @@ def test_exposition_adds_process_labels_without_touching_a_series_own_worker() -
     metrics = Catalogue(registry).bind("decode", "decode-0")
     metrics.decode_tokens.inc(3)
     metrics.requests_running.set(2)
-    body, content_type = exposition(registry, "application/openmetrics-text", {"namespace": "prod", "worker": "decode-0"})
+    body, content_type = exposition(
+        registry, "application/openmetrics-text", {"namespace": "prod", "worker": "decode-0"}
+    )
     assert content_type.startswith("application/openmetrics-text")
     samples = [s for f in text_string_to_metric_families(body.decode()) for s in f.samples]
     assert all(s.labels.get("namespace") == "prod" for s in samples)

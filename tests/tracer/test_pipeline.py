@@ -52,7 +52,9 @@ def traced():
     sessions = []
 
     def start(pool, worker, **kwargs):
-        session = start_tracing(pool, worker, catalogue=catalogue, processors=[SimpleSpanProcessor(exporter.new())], **kwargs)
+        session = start_tracing(
+            pool, worker, catalogue=catalogue, processors=[SimpleSpanProcessor(exporter.new())], **kwargs
+        )
         sessions.append(session)
         return session
 
@@ -75,14 +77,29 @@ def test_one_request_across_router_and_worker_has_the_contract_structure(traced)
     ctx = client.child(root_id)  # what the router propagates to the worker in traceparent
     t = 10_000 * MS  # marks are host perf_counter_ns values; these are made up but consistent
     worker.tracer.stage("queue", ctx, t, t + 2 * MS)
-    worker.tracer.stage("prefill", ctx, t + 2 * MS, t + 50 * MS, {s.ATTR_PREFILL_TOKENS: 100, s.ATTR_PREFILL_CACHED_TOKENS: 16, s.ATTR_PREFILL_CHUNKS: 1})
+    worker.tracer.stage(
+        "prefill",
+        ctx,
+        t + 2 * MS,
+        t + 50 * MS,
+        {s.ATTR_PREFILL_TOKENS: 100, s.ATTR_PREFILL_CACHED_TOKENS: 16, s.ATTR_PREFILL_CHUNKS: 1},
+    )
     token_times = array("q", [t + 50 * MS + i * 10 * MS for i in range(5)])
     token_times[3] += 60 * MS  # a stall between tokens 2 and 3, with a 2000-token prefill in that step
     prefill_in_step = array("i", [0, 0, 0, 2000, 0])
     worker.tracer.decode(ctx, t + 50 * MS, t + 150 * MS, token_times, prefill_in_step, {s.ATTR_OUTPUT_TOKENS: 5})
     router.tracer.request(
-        client, root_id, t - 1 * MS, t + 150 * MS, t + 51 * MS, model="tiny", mode="colocated",
-        request_id="req-1", input_tokens=100, output_tokens=5, token_gap_s=array("d", [0.01, 0.01, 0.07, 0.01]),
+        client,
+        root_id,
+        t - 1 * MS,
+        t + 150 * MS,
+        t + 51 * MS,
+        model="tiny",
+        mode="colocated",
+        request_id="req-1",
+        input_tokens=100,
+        output_tokens=5,
+        token_gap_s=array("d", [0.01, 0.01, 0.07, 0.01]),
     )
     router.shutdown(1.0)
     worker.shutdown(1.0)
@@ -122,11 +139,25 @@ def test_latency_histograms_carry_the_trace_id_as_an_exemplar(traced):
     start, _, registry = traced
     router = start(None, None)
     ctx = TraceContext.new_root()
-    router.tracer.request(ctx, 77, 0, 300 * MS, 120 * MS, model="m", mode="disaggregated", request_id="r",
-                          input_tokens=10, output_tokens=3)
+    router.tracer.request(
+        ctx,
+        77,
+        0,
+        300 * MS,
+        120 * MS,
+        model="m",
+        mode="disaggregated",
+        request_id="r",
+        input_tokens=10,
+        output_tokens=3,
+    )
     router.shutdown(1.0)
     text = openmetrics_latest(registry).decode()
-    line = next(row for row in text.splitlines() if row.startswith("gen_ai_server_time_to_first_token_seconds_bucket") and "#" in row)
+    line = next(
+        row
+        for row in text.splitlines()
+        if row.startswith("gen_ai_server_time_to_first_token_seconds_bucket") and "#" in row
+    )
     assert re.search(r'# \{trace_id="%032x"\} 0\.12' % ctx.trace_id, line), line
 
 
@@ -136,7 +167,9 @@ def test_a_steps_prefill_attention_is_an_attribute_only_when_the_engine_gives_it
     worker.tracer.step(0, 20 * MS, 4, 512, 1000, 1536**2 - 1024**2)  # a 512-token chunk at offset 1024
     worker.tracer.step(30 * MS, 40 * MS, 4, 0, 1004)
     worker.shutdown(1.0)
-    steps = sorted((span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP), key=lambda x: x.start_time)
+    steps = sorted(
+        (span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP), key=lambda x: x.start_time
+    )
     assert steps[0].attributes[s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2] == 1536**2 - 1024**2
     assert s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2 not in steps[1].attributes
 
@@ -150,7 +183,9 @@ def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
     worker.shutdown(1.0)
     steps = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_STEP]
     # Stratified: all 4 steps with prefill tokens (weight 1), 1 in 3 of the 5 decode-only ones (weight 3).
-    weights = sorted((span.attributes[s.ATTR_STEP_PREFILL_TOKENS] > 0, span.attributes[s.ATTR_SAMPLE_WEIGHT]) for span in steps)
+    weights = sorted(
+        (span.attributes[s.ATTR_STEP_PREFILL_TOKENS] > 0, span.attributes[s.ATTR_SAMPLE_WEIGHT]) for span in steps
+    )
     assert weights == [(False, 3), (False, 3), (True, 1), (True, 1), (True, 1), (True, 1)]
     assert len({span.context.trace_id for span in steps}) == 1  # one trace per worker window
     with_prefill = {"pool": "colocated", "prefill_in_step": "true"}
@@ -158,7 +193,9 @@ def test_step_records_split_by_prefill_and_sampled_one_in_n(traced):
     assert sample(registry, "splitscope_step_duration_seconds_count", with_prefill) == 4
     assert sample(registry, "splitscope_step_duration_seconds_count", without) == 5
     assert sample(registry, "splitscope_step_duration_seconds_sum", with_prefill) == pytest.approx(0.32)
-    assert sample(registry, "splitscope_worker_busy_seconds_total", {"pool": "colocated", "worker": "w0"}) == pytest.approx(0.42)
+    assert sample(
+        registry, "splitscope_worker_busy_seconds_total", {"pool": "colocated", "worker": "w0"}
+    ) == pytest.approx(0.42)
 
 
 def test_errors_set_status_and_error_type(traced):
@@ -205,8 +242,14 @@ def test_disabled_tracing_is_a_noop():
 @pytest.mark.parametrize(
     "header, expected",
     [
-        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True)),
-        ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00", (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False)),
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, True),
+        ),
+        (
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00",
+            (0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False),
+        ),
         ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
         ("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
         ("garbage", None),
@@ -222,7 +265,9 @@ def test_traceparent_extract(header, expected):
 
 def test_otlp_exporter_follows_the_environment():
     assert otlp_exporter_from_env({}) is None
-    grpc = otlp_exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    grpc = otlp_exporter_from_env(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    )
     http = otlp_exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
     assert "grpc" in type(grpc).__module__ and "http" in type(http).__module__
     with pytest.raises(ValueError, match="not one of"):
@@ -240,16 +285,26 @@ def test_gpu_sampler_without_a_driver_reports_down_and_raises_nothing():
 
 def test_gpu_sampler_with_nvml_sets_utilisation_and_memory():
     class FakeNvml:  # the GPU boundary: NVML's API shape
-        def nvmlInit(self): pass
-        def nvmlDeviceGetCount(self): return 1
-        def nvmlDeviceGetHandleByIndex(self, i): return i
-        def nvmlDeviceGetUtilizationRates(self, h): return type("U", (), {"gpu": 87})()
-        def nvmlDeviceGetMemoryInfo(self, h): return type("M", (), {"used": 5 * 2**30})()
+        def nvmlInit(self):
+            pass
+
+        def nvmlDeviceGetCount(self):
+            return 1
+
+        def nvmlDeviceGetHandleByIndex(self, i):
+            return i
+
+        def nvmlDeviceGetUtilizationRates(self, h):
+            return type("U", (), {"gpu": 87})()
+
+        def nvmlDeviceGetMemoryInfo(self, h):
+            return type("M", (), {"used": 5 * 2**30})()
 
     registry = CollectorRegistry()
     sampler = GpuSampler(Catalogue(registry), interval_s=0.01, nvml=FakeNvml()).start()
     try:
         import time
+
         deadline = time.monotonic() + 5
         while registry.get_sample_value("splitscope_gpu_memory_used_bytes", {"gpu": "0"}) is None:
             assert time.monotonic() < deadline, "sampler never reported"
@@ -273,8 +328,16 @@ def test_a_malformed_record_is_dropped_and_counted_without_losing_the_batch(trac
     assert sample(registry, "splitscope_tracer_dropped_records_total", {"reason": "bad_record"}) == 2
 
 
-@pytest.mark.parametrize("kind, expected", [(1, SpanKind.INTERNAL), (2, SpanKind.SERVER), (3, SpanKind.CLIENT),
-                                            (4, SpanKind.PRODUCER), (5, SpanKind.CONSUMER)])
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        (1, SpanKind.INTERNAL),
+        (2, SpanKind.SERVER),
+        (3, SpanKind.CLIENT),
+        (4, SpanKind.PRODUCER),
+        (5, SpanKind.CONSUMER),
+    ],
+)
 def test_span_kinds_pass_through_to_the_sdk_span(kind, expected):
     from opentelemetry.sdk.resources import Resource
 
@@ -300,8 +363,18 @@ def _metered_spans():
     spans, t = [], 10**18
     for i in range(40):
         worker = {s.ATTR_POOL: "colocated", s.ATTR_WORKER: f"w{i % 2}"}
-        spans.append(s.SpanData(s.SPAN_STEP, s.KIND_INTERNAL, 1, 100 + i, 0, t, t + (i % 7 + 1) * MS,
-                                {**worker, s.ATTR_STEP_PREFILL_TOKENS: 512 if i % 3 == 0 else 0}))
+        spans.append(
+            s.SpanData(
+                s.SPAN_STEP,
+                s.KIND_INTERNAL,
+                1,
+                100 + i,
+                0,
+                t,
+                t + (i % 7 + 1) * MS,
+                {**worker, s.ATTR_STEP_PREFILL_TOKENS: 512 if i % 3 == 0 else 0},
+            )
+        )
         if i % 4 == 0:
             trace = 1000 + i
             spans += [
@@ -335,7 +408,10 @@ def _exposition_without_timestamps(registry):
 
 
 def test_a_batch_is_metered_exactly_as_its_spans_one_by_one():
-    one_by_one, batched = MetricsRecorder(Catalogue(CollectorRegistry())), MetricsRecorder(Catalogue(CollectorRegistry()))
+    one_by_one, batched = (
+        MetricsRecorder(Catalogue(CollectorRegistry())),
+        MetricsRecorder(Catalogue(CollectorRegistry())),
+    )
     spans = _metered_spans()
     for span in spans:
         one_by_one.record(span)
@@ -343,8 +419,13 @@ def test_a_batch_is_metered_exactly_as_its_spans_one_by_one():
     batched.record_many(spans[17:])
     expected = _exposition_without_timestamps(one_by_one.catalogue.registry)
     assert _exposition_without_timestamps(batched.catalogue.registry) == expected
-    assert any(line.startswith('splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="true"} 14') for line in expected)
-    assert any(line.startswith('splitscope_inter_token_latency_seconds_count{pool="colocated"} 40') for line in expected)
+    assert any(
+        line.startswith('splitscope_step_duration_seconds_count{pool="colocated",prefill_in_step="true"} 14')
+        for line in expected
+    )
+    assert any(
+        line.startswith('splitscope_inter_token_latency_seconds_count{pool="colocated"} 40') for line in expected
+    )
 
 
 class _FlakySink:

@@ -85,10 +85,16 @@ def test_concurrent_appends_from_processes_never_interleave(tmp_path):
         ('{"resourceSpans": [', "not valid JSON"),
         ('{"foo": 1}', "no resourceSpans"),
         ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"zz","spanId":"00"}]}]}]}', "traceId"),
-        ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0af7651916cd43dd8448eb211c80319c",'
-         '"spanId":"b7ad6b7169203331","name":5,"startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}', "name must be a string"),
-        ('{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0af7651916cd43dd8448eb211c80319c",'
-         '"spanId":"b7ad6b7169203331","name":"x","endTimeUnixNano":"2"}]}]}]}', "startTimeUnixNano"),
+        (
+            '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0af7651916cd43dd8448eb211c80319c",'
+            '"spanId":"b7ad6b7169203331","name":5,"startTimeUnixNano":"1","endTimeUnixNano":"2"}]}]}]}',
+            "name must be a string",
+        ),
+        (
+            '{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0af7651916cd43dd8448eb211c80319c",'
+            '"spanId":"b7ad6b7169203331","name":"x","endTimeUnixNano":"2"}]}]}]}',
+            "startTimeUnixNano",
+        ),
     ],
 )
 def test_bad_line_names_its_line_number_or_is_skipped(tmp_path, bad_line, reason):

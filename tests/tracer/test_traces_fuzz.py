@@ -12,10 +12,30 @@ from tracer.traces import ReadStats, TraceFileError, iter_spans
 
 FUZZ_CASES = 400
 
-GOOD_LINE = json.dumps({"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [{
-    "traceId": "0af7651916cd43dd8448eb211c80319c", "spanId": "b7ad6b7169203331", "name": "splitscope.prefill",
-    "kind": 1, "startTimeUnixNano": "1", "endTimeUnixNano": "2",
-    "attributes": [{"key": "splitscope.prefill.tokens", "value": {"intValue": "7"}}]}]}]}]})
+GOOD_LINE = json.dumps(
+    {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": []},
+                "scopeSpans": [
+                    {
+                        "spans": [
+                            {
+                                "traceId": "0af7651916cd43dd8448eb211c80319c",
+                                "spanId": "b7ad6b7169203331",
+                                "name": "splitscope.prefill",
+                                "kind": 1,
+                                "startTimeUnixNano": "1",
+                                "endTimeUnixNano": "2",
+                                "attributes": [{"key": "splitscope.prefill.tokens", "value": {"intValue": "7"}}],
+                            }
+                        ]
+                    }
+                ],
+            }
+        ]
+    }
+)
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

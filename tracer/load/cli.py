@@ -74,38 +74,94 @@ SECONDS = Seconds()
 @click.option("--rate", "rate_rps", type=float, help="Poisson arrivals per second ('inf': all at once).")
 @click.option("--duration", "duration_s", type=SECONDS, help="Send arrivals for this long (e.g. 60, 5m).")
 @click.option("--requests", type=int, help="Send this many requests (the first N arrivals).")
-@click.option("--prompt-tokens", type=int, default=256, show_default=True, help="Prompt length (median if --prompt-sigma).")
-@click.option("--prompt-sigma", type=float, default=0.0, show_default=True, help="Lognormal sigma of prompt length; 0 = fixed.")
+@click.option(
+    "--prompt-tokens", type=int, default=256, show_default=True, help="Prompt length (median if --prompt-sigma)."
+)
+@click.option(
+    "--prompt-sigma", type=float, default=0.0, show_default=True, help="Lognormal sigma of prompt length; 0 = fixed."
+)
 @click.option("--prompt-max-tokens", type=int, help="Cap on lognormal prompt length [default: 10x median].")
-@click.option("--output-tokens", type=int, default=128, show_default=True, help="Output length (median if --output-sigma).")
-@click.option("--output-sigma", type=float, default=0.0, show_default=True, help="Lognormal sigma of output length; 0 = fixed.")
+@click.option(
+    "--output-tokens", type=int, default=128, show_default=True, help="Output length (median if --output-sigma)."
+)
+@click.option(
+    "--output-sigma", type=float, default=0.0, show_default=True, help="Lognormal sigma of output length; 0 = fixed."
+)
 @click.option("--output-max-tokens", type=int, help="Cap on lognormal output length [default: 10x median].")
 @click.option("--burst", type=BurstParam(), help="Extra long prompts: every EVERY_S seconds, COUNT prompts of TOKENS.")
-@click.option("--sessions", type=int, default=0, show_default=True,
-              help="Spread requests over N sessions (sent as the OpenAI 'user' field).")
-@click.option("--shared-prefix-tokens", type=int, default=0, show_default=True,
-              help="Prompts of one session start with the same prefix of this many tokens.")
-@click.option("--replay", "replay_path", type=click.Path(dir_okay=False),
-              help="JSONL of {arrival_s, prompt_tokens, output_tokens[, session]} per line.")
+@click.option(
+    "--sessions",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Spread requests over N sessions (sent as the OpenAI 'user' field).",
+)
+@click.option(
+    "--shared-prefix-tokens",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Prompts of one session start with the same prefix of this many tokens.",
+)
+@click.option(
+    "--replay",
+    "replay_path",
+    type=click.Path(dir_okay=False),
+    help="JSONL of {arrival_s, prompt_tokens, output_tokens[, session]} per line.",
+)
 @click.option("--slo-ttft", type=SECONDS, help="Time-to-first-token objective (e.g. 500ms).")
 @click.option("--slo-itl", type=SECONDS, help="Objective on each request's p99 inter-token gap (e.g. 50ms).")
 @click.option("--slo-tpot", type=SECONDS, help="Time-per-output-token objective.")
-@click.option("--seed", type=int, help="Seed of arrivals, lengths, sessions and prompt text [default: random, recorded].")
+@click.option(
+    "--seed", type=int, help="Seed of arrivals, lengths, sessions and prompt text [default: random, recorded]."
+)
 @click.option("--timeout", "timeout_s", type=SECONDS, default=120.0, show_default=True, help="Per-request deadline.")
-@click.option("--max-inflight", type=int, default=512, show_default=True,
-              help="Safety cap on requests in flight; a due request beyond it is not sent, and counted.")
-@click.option("--tokenizer", "chars_per_token", type=Tokenizer(), default="bytes", show_default=True,
-              help="How prompt text is sized: 'bytes' for byte-level tokenizers (the reference server), "
-                   "'chars-per-token=4' for typical BPE tokenizers of real models.")
+@click.option(
+    "--max-inflight",
+    type=int,
+    default=512,
+    show_default=True,
+    help="Safety cap on requests in flight; a due request beyond it is not sent, and counted.",
+)
+@click.option(
+    "--tokenizer",
+    "chars_per_token",
+    type=Tokenizer(),
+    default="bytes",
+    show_default=True,
+    help="How prompt text is sized: 'bytes' for byte-level tokenizers (the reference server), "
+    "'chars-per-token=4' for typical BPE tokenizers of real models.",
+)
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), help="Write every request's measurements as JSON.")
-@click.option("--progress/--no-progress", "show_progress", default=True, show_default=True,
-              help="Live progress on stderr.")
-def load_command(url: str, model: str, rate_rps: float | None, duration_s: float | None, requests: int | None,
-                 prompt_tokens: int, prompt_sigma: float, prompt_max_tokens: int | None, output_tokens: int,
-                 output_sigma: float, output_max_tokens: int | None, burst: BurstSpec | None, sessions: int,
-                 shared_prefix_tokens: int, replay_path: str | None, slo_ttft: float | None, slo_itl: float | None,
-                 slo_tpot: float | None, seed: int | None, timeout_s: float, max_inflight: int,
-                 chars_per_token: float, out_path: str | None, show_progress: bool) -> None:
+@click.option(
+    "--progress/--no-progress", "show_progress", default=True, show_default=True, help="Live progress on stderr."
+)
+def load_command(
+    url: str,
+    model: str,
+    rate_rps: float | None,
+    duration_s: float | None,
+    requests: int | None,
+    prompt_tokens: int,
+    prompt_sigma: float,
+    prompt_max_tokens: int | None,
+    output_tokens: int,
+    output_sigma: float,
+    output_max_tokens: int | None,
+    burst: BurstSpec | None,
+    sessions: int,
+    shared_prefix_tokens: int,
+    replay_path: str | None,
+    slo_ttft: float | None,
+    slo_itl: float | None,
+    slo_tpot: float | None,
+    seed: int | None,
+    timeout_s: float,
+    max_inflight: int,
+    chars_per_token: float,
+    out_path: str | None,
+    show_progress: bool,
+) -> None:
     """Send streamed completions on an open-loop schedule and measure TTFT, inter-token gaps, TPOT and
     end-to-end latency on the client; report percentiles, SLO attainment and goodput.
 
@@ -113,12 +169,22 @@ def load_command(url: str, model: str, rate_rps: float | None, duration_s: float
     --out results so it can be found in the server's traces.
     """
     config = LoadConfig(
-        url=url, model=model, rate_rps=rate_rps, duration_s=duration_s, requests=requests,
+        url=url,
+        model=model,
+        rate_rps=rate_rps,
+        duration_s=duration_s,
+        requests=requests,
         prompt=LengthSpec(prompt_tokens, prompt_sigma, prompt_max_tokens),
         output=LengthSpec(output_tokens, output_sigma, output_max_tokens),
-        burst=burst, sessions=sessions, shared_prefix_tokens=shared_prefix_tokens, replay_path=replay_path,
-        slo=ClientSLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot), seed=seed, timeout_s=timeout_s,
-        max_inflight=max_inflight, chars_per_token=chars_per_token,
+        burst=burst,
+        sessions=sessions,
+        shared_prefix_tokens=shared_prefix_tokens,
+        replay_path=replay_path,
+        slo=ClientSLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot),
+        seed=seed,
+        timeout_s=timeout_s,
+        max_inflight=max_inflight,
+        chars_per_token=chars_per_token,
     ).with_seed()
     try:
         config.validate()
@@ -148,7 +214,9 @@ def load_command(url: str, model: str, rate_rps: float | None, duration_s: float
         click.get_current_context().exit(130)  # the shell's code for "stopped by Ctrl-C", after the results
     if summary.sent and not summary.ok:
         first = next(r for r in result.records if r.error_detail)
-        raise click.ClickException(f"all {summary.sent} requests failed; first: {first.error_kind}: {first.error_detail}")
+        raise click.ClickException(
+            f"all {summary.sent} requests failed; first: {first.error_kind}: {first.error_detail}"
+        )
 
 
 async def _run_until_interrupted(config: LoadConfig, progress: RunProgress) -> LoadResult:

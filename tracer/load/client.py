@@ -113,8 +113,9 @@ def new_traceparent() -> tuple[str, dict[str, str]]:
 class CompletionClient:
     """Sends streamed /v1/completions requests over one shared aiohttp session."""
 
-    def __init__(self, session: aiohttp.ClientSession, *, endpoint: str, model: str, timeout_s: float,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession, *, endpoint: str, model: str, timeout_s: float, clock: Callable[[], float]
+    ) -> None:
         self._session = session
         self._endpoint = endpoint
         self._model = model

@@ -156,7 +156,9 @@ class LoadConfig:
         """When requests arrive and what bounds the run: a replay file, or a rate/burst with a duration/count."""
         if self.replay_path is not None:
             if self.rate_rps is not None or self.burst is not None or self.sessions:
-                raise ConfigError("--replay takes arrivals, lengths and sessions from the file; drop --rate, --burst and --sessions")
+                raise ConfigError(
+                    "--replay takes arrivals, lengths and sessions from the file; drop --rate, --burst and --sessions"
+                )
         else:
             if self.rate_rps is None and self.burst is None:
                 raise ConfigError("give --rate (Poisson arrivals per second), --burst or --replay")
@@ -199,4 +201,3 @@ class LoadConfig:
         if self.rate_rps == math.inf:
             doc["rate_rps"] = "inf"  # JSON has no infinity
         return doc
-

@@ -70,14 +70,20 @@ def summary_tables(summary: Summary) -> RenderableType:
     latency.add_row("schedule lag (send - arrival)", *_distribution_cells(summary.schedule_lag))
 
     outcome = Table(title="objectives", show_header=False, box=None, padding=(0, 2))
-    slo_text = ", ".join(f"{name.removesuffix('_s')} <= {_ms(limit)} ms" for name, limit in summary.slo.items()
-                         if limit is not None) or "none given (every successful request counts)"
+    slo_text = (
+        ", ".join(
+            f"{name.removesuffix('_s')} <= {_ms(limit)} ms" for name, limit in summary.slo.items() if limit is not None
+        )
+        or "none given (every successful request counts)"
+    )
     outcome.add_row("SLO", slo_text)
     attainment = "-" if summary.attainment is None else f"{summary.attainment:.1%}"
     outcome.add_row("attainment", f"{attainment} ({summary.slo_met}/{summary.scheduled} scheduled)")
     outcome.add_row("goodput", _rate(summary.goodput_rps, "req/s meeting the SLO"))
-    outcome.add_row("throughput", _rate(summary.achieved_rate_rps, "req/s ok") + ", "
-                    + _rate(summary.output_tokens_per_s, "output tok/s"))
+    outcome.add_row(
+        "throughput",
+        _rate(summary.achieved_rate_rps, "req/s ok") + ", " + _rate(summary.output_tokens_per_s, "output tok/s"),
+    )
     lag = summary.schedule_lag
     if lag.max is not None:
         outcome.add_row("behind schedule", f"max {_ms(lag.max)} ms, mean {_ms(lag.mean)} ms")

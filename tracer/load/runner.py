@@ -61,8 +61,9 @@ class RunProgress:
             self.max_lag_s = max(self.max_lag_s, record.lag_s)
 
 
-async def run_load(config: LoadConfig, *, progress: RunProgress | None = None,
-                   stop: asyncio.Event | None = None) -> LoadResult:
+async def run_load(
+    config: LoadConfig, *, progress: RunProgress | None = None, stop: asyncio.Event | None = None
+) -> LoadResult:
     """Run the load described by `config` to completion; returns every request's record and the summary.
 
     Raises ConfigError (before sending anything) for an invalid config or replay file. Failed requests do

@@ -55,8 +55,9 @@ def build_schedule(config: LoadConfig) -> list[PlannedRequest]:
     return _generated(config, np.random.default_rng(config.seed))
 
 
-def poisson_arrivals_s(rate_rps: float, rng: np.random.Generator, *, duration_s: float | None,
-                       count: int | None) -> np.ndarray:
+def poisson_arrivals_s(
+    rate_rps: float, rng: np.random.Generator, *, duration_s: float | None, count: int | None
+) -> np.ndarray:
     """Arrival offsets of a Poisson process (exponential gaps, first arrival after one gap).
 
     Bounded by `count` arrivals and/or arrivals before `duration_s`; `rate_rps` inf puts all `count` at 0.
@@ -105,7 +106,9 @@ def _generated(config: LoadConfig, rng: np.random.Generator) -> list[PlannedRequ
         poisson_s = poisson_arrivals_s(config.rate_rps, rng, duration_s=config.duration_s, count=config.requests)
     burst_s = np.zeros(0)
     if config.burst is not None:
-        burst_s = burst_arrivals_s(config.burst.every_s, config.burst.count, until_s=_burst_horizon_s(config, poisson_s))
+        burst_s = burst_arrivals_s(
+            config.burst.every_s, config.burst.count, until_s=_burst_horizon_s(config, poisson_s)
+        )
     arrivals_s = np.concatenate([poisson_s, burst_s])
     is_burst = np.concatenate([np.zeros(len(poisson_s), bool), np.ones(len(burst_s), bool)])
     order = np.argsort(arrivals_s, kind="stable")[: config.requests]  # ties: Poisson first
@@ -196,8 +199,12 @@ def _parse_replay_line(name: str, line_no: int, line: str) -> ReplayEntry:
     if missing:
         raise fail(f"missing {', '.join(missing)}")
     arrival_s = item["arrival_s"]
-    if isinstance(arrival_s, bool) or not isinstance(arrival_s, (int, float)) or not math.isfinite(arrival_s) \
-            or arrival_s < 0:
+    if (
+        isinstance(arrival_s, bool)
+        or not isinstance(arrival_s, (int, float))
+        or not math.isfinite(arrival_s)
+        or arrival_s < 0
+    ):
         raise fail(f"arrival_s must be a number >= 0 (got {arrival_s!r})")
     lengths = []
     for key in ("prompt_tokens", "output_tokens"):

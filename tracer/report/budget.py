@@ -18,7 +18,9 @@ LARGEST_BUDGET_TOKENS = 32768
 BUDGET_NEIGHBOURS = (-2, -1, 0, 1)
 
 
-def worst_chunk_step_s(step: StepCosts, budget_tokens: int, prompt_tokens: int, decode_requests: int, context_tokens: int) -> float:
+def worst_chunk_step_s(
+    step: StepCosts, budget_tokens: int, prompt_tokens: int, decode_requests: int, context_tokens: int
+) -> float:
     """Seconds of the slowest step a prompt of `prompt_tokens` puts into a chunked schedule at this budget:
     its last chunk (the one attending over the most prefix) beside `decode_requests` running decodes."""
     chunk = max(1, min(budget_tokens - decode_requests, prompt_tokens))
@@ -26,8 +28,9 @@ def worst_chunk_step_s(step: StepCosts, budget_tokens: int, prompt_tokens: int, 
     return step.decode_part_s(decode_requests, context_tokens) + step.chunk_s(offset, chunk)
 
 
-def itl_bound_budget_tokens(step: StepCosts, itl_s: float, prompt_tokens: np.ndarray, decode_requests: int,
-                            context_tokens: int) -> int:
+def itl_bound_budget_tokens(
+    step: StepCosts, itl_s: float, prompt_tokens: np.ndarray, decode_requests: int, context_tokens: int
+) -> int:
     """The largest power-of-two budget whose worst step for the p99 prompt stays within `itl_s` seconds
     (the smallest budget when none does)."""
     long_prompt = int(np.percentile(prompt_tokens, 99)) if len(prompt_tokens) else 1
@@ -40,8 +43,9 @@ def itl_bound_budget_tokens(step: StepCosts, itl_s: float, prompt_tokens: np.nda
     return best
 
 
-def candidate_budgets_tokens(step: StepCosts, itl_s: float, prompt_tokens: np.ndarray, decode_requests: int,
-                             context_tokens: int) -> tuple[int, ...]:
+def candidate_budgets_tokens(
+    step: StepCosts, itl_s: float, prompt_tokens: np.ndarray, decode_requests: int, context_tokens: int
+) -> tuple[int, ...]:
     """Power-of-two budgets around the ITL bound, each above the decode batch it must also carry."""
     bound = itl_bound_budget_tokens(step, itl_s, prompt_tokens, decode_requests, context_tokens)
     budgets = {bound * 2**k if k >= 0 else bound // 2**-k for k in BUDGET_NEIGHBOURS}

@@ -154,7 +154,10 @@ def measure(requests: RequestTable, slo: SLO) -> Measured:
     ok = (requests.ttft_s <= slo.ttft_s) & (np.nan_to_num(itl, nan=np.inf) <= slo.itl_s) & ~requests.failed
     span_s = (requests.arrival_ns.max() - requests.arrival_ns.min()) / 1e9 if len(requests) > 1 else 0.0
     stages = {
-        "queue": requests.queue_s, "prefill": requests.prefill_s, "kv_transfer": requests.transfer_s, "decode": requests.decode_s,
+        "queue": requests.queue_s,
+        "prefill": requests.prefill_s,
+        "kv_transfer": requests.transfer_s,
+        "decode": requests.decode_s,
     }
     return Measured(
         requests=len(requests),
@@ -240,9 +243,13 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     slo, requests = options.slo, found.requests
     frontend_s = _frontend_s(requests)
     if frontend_s > 0:
-        found.evidence.append(f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request")
+        found.evidence.append(
+            f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request"
+        )
     costs = Costs(step_fit.costs, found.transfer, frontend_s)
-    params = EngineParams(max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step)
+    params = EngineParams(
+        max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step
+    )
     window_results, largest = _judge_windows(found, costs, params)
     final = combine_windows(current, [w.decision for w in window_results])
     with_options = [w for w in window_results if w.options]
@@ -283,9 +290,13 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
     missing: list[str] = []
     assumptions: list[str] = []
     if len(requests) < options.min_requests:
-        missing.append(f"{len(requests)} requests with a root `text_completion` span; need at least {options.min_requests}")
+        missing.append(
+            f"{len(requests)} requests with a root `text_completion` span; need at least {options.min_requests}"
+        )
     if current is None:
-        missing.append("no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown")
+        missing.append(
+            "no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown"
+        )
     prefill_fit = fit_prefill(requests)
     step_fit = _step_costs(data, options, missing, assumptions)
     requests, estimated_itl = _with_estimated_gaps(requests, slo)
@@ -300,24 +311,42 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
     gpus = options.gpus or (current.gpus if current else 0)
     if options.gpus is None and current is not None:
         assumptions.append(f"GPUs = {gpus}, the workers seen in the traces (--gpus to change)")
-    assumptions.append(f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs")
-    assumptions.append(f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
-                       f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones")
-    assumptions.append(f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)")
+    assumptions.append(
+        f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs"
+    )
+    assumptions.append(
+        f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
+        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones"
+    )
+    assumptions.append(
+        f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)"
+    )
     # Measured on the reference server on 2 shared CPU cores (bench/verdict_ab.py): workers that share
     # cores slow each other, so step costs depend on how busy the neighbours were when they were fitted.
-    assumptions.append("step costs are those fitted on the current layout, as its workers shared their hardware: a layout whose "
-                       "workers share cores or a GPU differently (CPU serving, several workers per device) runs at other costs, "
-                       "not modelled")
-    assumptions.append(f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
-                       "(the first waiting prompt always joins)")
+    assumptions.append(
+        "step costs are those fitted on the current layout, as its workers shared their hardware: a layout whose "
+        "workers share cores or a GPU differently (CPU serving, several workers per device) runs at other costs, "
+        "not modelled"
+    )
+    assumptions.append(
+        f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
+        "(the first waiting prompt always joins)"
+    )
     read = {
-        "files": data.files, "lines": data.read.lines, "spans": data.read.spans, "skipped_lines": data.read.skipped_lines,
-        "skipped_spans": data.skipped_spans, "requests": len(requests), "steps": len(data.steps), "transfers": len(data.transfers),
+        "files": data.files,
+        "lines": data.read.lines,
+        "spans": data.read.spans,
+        "skipped_lines": data.read.skipped_lines,
+        "skipped_spans": data.skipped_spans,
+        "requests": len(requests),
+        "steps": len(data.steps),
+        "transfers": len(data.transfers),
     }
     if data.read.skipped_lines or data.skipped_spans:
         first = data.read.first_error or data.first_skip
-        assumptions.append(f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})")
+        assumptions.append(
+            f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})"
+        )
     return _Findings(
         data, options, requests, current, step_fit, prefill_fit, transfer_fit, transfer, gpus,
         _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measure(requests, slo) if len(requests) else None,
@@ -330,8 +359,10 @@ def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], ass
     if len(data.steps) >= options.min_steps:
         # Measured on the reference server (bench/verdict_ab.py): a fit on a light run's small batches
         # under-priced steps at the batch cap, and the goodput predicted there was too high.
-        assumptions.append(f"step costs are fitted on decode batches of up to {int(data.steps.decode_requests.max())} requests; "
-                           "rates that need larger batches extrapolate the fit (linear in batch and context)")
+        assumptions.append(
+            f"step costs are fitted on decode batches of up to {int(data.steps.decode_requests.max())} requests; "
+            "rates that need larger batches extrapolate the fit (linear in batch and context)"
+        )
         return fit_steps(data.steps)
     step_fit = estimate_steps(data.requests) if len(data.requests) else None
     if step_fit is None:
@@ -362,7 +393,9 @@ def _judge_windows(found: _Findings, costs: Costs, params: EngineParams
         selected = requests.select((requests.arrival_ns >= start_ns) & (requests.arrival_ns < end_ns))
         bounds = ((start_ns - data.start_ns) / 1e9, (end_ns - data.start_ns) / 1e9)
         if len(selected) < options.min_requests:
-            decision = insufficient([f"window {bounds[0]:.0f}-{bounds[1]:.0f} s: {len(selected)} requests (need {options.min_requests})"])
+            decision = insufficient(
+                [f"window {bounds[0]:.0f}-{bounds[1]:.0f} s: {len(selected)} requests (need {options.min_requests})"]
+            )
             window_results.append(WindowResult(*bounds, len(selected), decision, []))
             continue
         observed = _workload(selected)
@@ -390,7 +423,9 @@ def _model_check_line(check: dict[str, float], slo: SLO) -> str:
 
 
 def _confidence_line(confidence: Any) -> str:
-    said = ", ".join(f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1]))
+    said = ", ".join(
+        f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1])
+    )
     return (
         f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
         f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
@@ -415,7 +450,12 @@ def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable
         return requests, 0
     gaps = estimate_gaps(requests)
     columns = {}
-    for name, estimate in (("itl_p50_s", gaps.p50_s), ("itl_p99_s", gaps.p99_s), ("itl_max_s", gaps.max_s), ("itl_mean_s", gaps.mean_s)):
+    for name, estimate in (
+        ("itl_p50_s", gaps.p50_s),
+        ("itl_p99_s", gaps.p99_s),
+        ("itl_max_s", gaps.max_s),
+        ("itl_mean_s", gaps.mean_s),
+    ):
         current = getattr(requests, name)
         columns[name] = np.where(np.isnan(current), estimate, current)
     filled = replace(requests, **columns)
@@ -444,7 +484,9 @@ def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions
         per_token = fit.kv_bytes_per_token
     else:
         per_token = DEFAULT_KV_BYTES_PER_TOKEN
-        assumptions.append(f"KV bytes per token = {per_token:.0f} (assumed: Llama-3-8B bf16; no transfer observed, no --kv-bytes-per-token)")
+        assumptions.append(
+            f"KV bytes per token = {per_token:.0f} (assumed: Llama-3-8B bf16; no transfer observed, no --kv-bytes-per-token)"
+        )
     if options.link_gbps is not None:
         bandwidth = options.link_gbps * 1e9 / 8
         assumptions.append(f"link between pools = {options.link_gbps:g} Gb/s per prefill worker (--link-gbps)")
@@ -452,7 +494,9 @@ def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions
         bandwidth = fit.bandwidth_bytes_per_s
     else:
         bandwidth = DEFAULT_LINK_GBPS * 1e9 / 8
-        assumptions.append(f"link between pools = {DEFAULT_LINK_GBPS:g} Gb/s per prefill worker (assumed: no transfer observed, no --link-gbps)")
+        assumptions.append(
+            f"link between pools = {DEFAULT_LINK_GBPS:g} Gb/s per prefill worker (assumed: no transfer observed, no --link-gbps)"
+        )
     constant = fit.constant_s if fit is not None else DEFAULT_TRANSFER_CONSTANT_S
     if fit is None:
         assumptions.append(f"KV transfer constant = {constant * 1e3:g} ms per request (assumed)")
@@ -469,8 +513,15 @@ def _windows(data: TraceData, options: ReportOptions) -> list[tuple[int, int]]:
 
 def _option(result: GoodputResult) -> OptionResult:
     layout = result.layout
-    return OptionResult(layout.label, layout.mode, layout.ratio, layout.chunk_budget_tokens or None, layout.gpus,
-                        result.rate_per_s, result.goodput_per_gpu)
+    return OptionResult(
+        layout.label,
+        layout.mode,
+        layout.ratio,
+        layout.chunk_budget_tokens or None,
+        layout.gpus,
+        result.rate_per_s,
+        result.goodput_per_gpu,
+    )
 
 
 def _mean_options(windows: list[WindowResult]) -> list[OptionResult]:
@@ -478,13 +529,27 @@ def _mean_options(windows: list[WindowResult]) -> list[OptionResult]:
     for i, first in enumerate(windows[0].options):
         rates = [w.options[i].rate_per_s for w in windows]
         per_gpu = [w.options[i].goodput_per_gpu for w in windows]
-        out.append(OptionResult(first.label, first.mode, first.ratio, first.chunk_budget_tokens, first.gpus,
-                                float(np.mean(rates)), float(np.mean(per_gpu))))
+        out.append(
+            OptionResult(
+                first.label,
+                first.mode,
+                first.ratio,
+                first.chunk_budget_tokens,
+                first.gpus,
+                float(np.mean(rates)),
+                float(np.mean(per_gpu)),
+            )
+        )
     return out
 
 
-def _network(measured: Measured | None, transfer: TransferCosts, fit: TransferFit | None, decision: Decision,
-             goodput: list[OptionResult]) -> dict[str, float]:
+def _network(
+    measured: Measured | None,
+    transfer: TransferCosts,
+    fit: TransferFit | None,
+    decision: Decision,
+    goodput: list[OptionResult],
+) -> dict[str, float]:
     """Link bandwidth a split needs (KV bytes produced per second) against what is available."""
     if measured is None or measured.requests == 0 or measured.rate_per_s <= 0:
         return {}
@@ -505,8 +570,16 @@ def _network(measured: Measured | None, transfer: TransferCosts, fit: TransferFi
     return out
 
 
-def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,
-              network: dict[str, float], current: Layout, final: Decision, windows: list[WindowResult]) -> list[str]:
+def _evidence(
+    measured,
+    step_fit: StepFit,
+    prefill_fit: PrefillFit | None,
+    transfer_fit: TransferFit | None,
+    network: dict[str, float],
+    current: Layout,
+    final: Decision,
+    windows: list[WindowResult],
+) -> list[str]:
     lines = [f"current layout: {current.label} ({current.gpus} GPUs)"]
     if measured is not None:
         lines.append(
@@ -520,14 +593,20 @@ def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, trans
         f"{c.prefill_s_per_token * 1e6:.3g} us/prefill token + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
     )
     if step_fit.interference_factor is not None:
-        lines.append(f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
-                     f"and context ({step_fit.interference_samples} samples)")
+        lines.append(
+            f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
+            f"and context ({step_fit.interference_samples} samples)"
+        )
     if prefill_fit is not None:
-        lines.append(f"prefill fit ({prefill_fit.samples} requests, R^2 {prefill_fit.r2:.3f}): {prefill_fit.a_s * 1e3:.3g} ms + "
-                     f"{prefill_fit.b_s_per_token * 1e6:.3g} us/token + {prefill_fit.c_s_per_token2 * 1e9:.3g} ns/token^2")
+        lines.append(
+            f"prefill fit ({prefill_fit.samples} requests, R^2 {prefill_fit.r2:.3f}): {prefill_fit.a_s * 1e3:.3g} ms + "
+            f"{prefill_fit.b_s_per_token * 1e6:.3g} us/token + {prefill_fit.c_s_per_token2 * 1e9:.3g} ns/token^2"
+        )
     if transfer_fit is not None:
-        lines.append(f"KV transfers: {transfer_fit.samples} observed, {transfer_fit.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gb/s effective, "
-                     f"{transfer_fit.constant_s * 1e3:.3g} ms constant, {transfer_fit.mean_exposed_s * 1e3:.3g} ms exposed on average")
+        lines.append(
+            f"KV transfers: {transfer_fit.samples} observed, {transfer_fit.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gb/s effective, "
+            f"{transfer_fit.constant_s * 1e3:.3g} ms constant, {transfer_fit.mean_exposed_s * 1e3:.3g} ms exposed on average"
+        )
     if network:
         lines.append(
             f"network: a split needs {network['required_gbps_total']:.3g} Gb/s of KV traffic at the observed rate "
@@ -536,8 +615,14 @@ def _evidence(measured, step_fit: StepFit, prefill_fit: PrefillFit | None, trans
         )
     lines += final.reasons
     if len(windows) > 1:
-        lines.append("windows: " + "; ".join(f"{w.start_s:.0f}-{w.end_s:.0f} s: {w.decision.verdict}"
-                                             + (f" {w.decision.ratio}" if w.decision.ratio else "") for w in windows))
+        lines.append(
+            "windows: "
+            + "; ".join(
+                f"{w.start_s:.0f}-{w.end_s:.0f} s: {w.decision.verdict}"
+                + (f" {w.decision.ratio}" if w.decision.ratio else "")
+                for w in windows
+            )
+        )
     return lines
 
 
@@ -549,15 +634,23 @@ def _frontend_s(requests: RequestTable) -> float:
     return float(max(0.0, np.median(rest))) if len(rest) else 0.0
 
 
-def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO, noise_sigma: float = 0.0,
-                params: EngineParams = EngineParams()) -> dict[str, float]:
+def model_check(
+    current: Layout,
+    requests: RequestTable,
+    costs: Costs,
+    slo: SLO,
+    noise_sigma: float = 0.0,
+    params: EngineParams = EngineParams(),
+) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
     vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible)."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
-    result = simulate(current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0)
+    result = simulate(
+        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0
+    )
     measured_itl = requests.itl(slo.itl_stat)[ok]
     measured_itl = measured_itl[~np.isnan(measured_itl)]
     measured_ttft = requests.ttft_s[ok]
@@ -571,20 +664,31 @@ def model_check(current: Layout, requests: RequestTable, costs: Costs, slo: SLO,
     return out
 
 
-def _fits_dict(step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None,
-               transfer: TransferCosts) -> dict[str, Any]:
+def _fits_dict(
+    step_fit: StepFit | None, prefill_fit: PrefillFit | None, transfer_fit: TransferFit | None, transfer: TransferCosts
+) -> dict[str, Any]:
     fits: dict[str, Any] = {}
     if step_fit is not None:
         c = step_fit.costs
         fits["step"] = {
-            "source": step_fit.source, "samples": step_fit.samples, "r2": step_fit.r2,
-            "base_s": c.base_s, "context_s_per_token": c.context_s_per_token, "decode_s_per_request": c.decode_s_per_request,
-            "prefill_s_per_token": c.prefill_s_per_token, "prefill_s_per_token2": c.prefill_s_per_token2,
+            "source": step_fit.source,
+            "samples": step_fit.samples,
+            "r2": step_fit.r2,
+            "base_s": c.base_s,
+            "context_s_per_token": c.context_s_per_token,
+            "decode_s_per_request": c.decode_s_per_request,
+            "prefill_s_per_token": c.prefill_s_per_token,
+            "prefill_s_per_token2": c.prefill_s_per_token2,
         }
         fits["interference_factor"] = step_fit.interference_factor
     if prefill_fit is not None:
-        fits["prefill"] = {"a_s": prefill_fit.a_s, "b_s_per_token": prefill_fit.b_s_per_token,
-                           "c_s_per_token2": prefill_fit.c_s_per_token2, "r2": prefill_fit.r2, "samples": prefill_fit.samples}
+        fits["prefill"] = {
+            "a_s": prefill_fit.a_s,
+            "b_s_per_token": prefill_fit.b_s_per_token,
+            "c_s_per_token2": prefill_fit.c_s_per_token2,
+            "r2": prefill_fit.r2,
+            "samples": prefill_fit.samples,
+        }
     fits["transfer"] = {
         "observed": transfer_fit is not None,
         "bandwidth_gbps": transfer.link_bytes_per_s * 8 / 1e9,

@@ -33,29 +33,91 @@ class _Duration(click.ParamType):
 
 @click.command("report")
 @click.argument("traces", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option("--slo-ttft", type=click.FloatRange(min=0, min_open=True), required=True, help="Time-to-first-token SLO, seconds.")
-@click.option("--slo-itl", type=click.FloatRange(min=0, min_open=True), required=True, help="Inter-token latency SLO, seconds.")
-@click.option("--itl-stat", type=click.Choice(["p99", "max", "mean"]), default="p99", show_default=True,
-              help="Per-request gap statistic the ITL SLO applies to.")
-@click.option("--attainment", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
-              help="Fraction of requests that must meet both SLOs.")
+@click.option(
+    "--slo-ttft", type=click.FloatRange(min=0, min_open=True), required=True, help="Time-to-first-token SLO, seconds."
+)
+@click.option(
+    "--slo-itl", type=click.FloatRange(min=0, min_open=True), required=True, help="Inter-token latency SLO, seconds."
+)
+@click.option(
+    "--itl-stat",
+    type=click.Choice(["p99", "max", "mean"]),
+    default="p99",
+    show_default=True,
+    help="Per-request gap statistic the ITL SLO applies to.",
+)
+@click.option(
+    "--attainment",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.9,
+    show_default=True,
+    help="Fraction of requests that must meet both SLOs.",
+)
 @click.option("--gpus", type=click.IntRange(min=1), help="GPUs to lay out (default: the workers seen).")
-@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True), help="Link per prefill worker, Gb/s (default: measured, else 100).")
-@click.option("--kv-bytes-per-token", type=click.FloatRange(min=0, min_open=True), help="KV cache bytes per token (default: measured, else Llama-3-8B bf16).")
-@click.option("--window", "window_s", type=_Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows.")
-@click.option("--max-batch", type=click.IntRange(min=1),
-              help="Requests one worker runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default 256.")
-@click.option("--margin", type=click.FloatRange(min=0), default=0.15, show_default=True, help="Goodput gain a layout change needs.")
-@click.option("--prometheus", "prometheus_url", help="Prometheus base URL for extra evidence (per-pool busy ratio, queues).")
-@click.option("--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries.")
+@click.option(
+    "--link-gbps",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Link per prefill worker, Gb/s (default: measured, else 100).",
+)
+@click.option(
+    "--kv-bytes-per-token",
+    type=click.FloatRange(min=0, min_open=True),
+    help="KV cache bytes per token (default: measured, else Llama-3-8B bf16).",
+)
+@click.option(
+    "--window", "window_s", type=_Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows."
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(min=1),
+    help="Requests one worker runs at once (vLLM --max-num-seqs, SGLang --max-running-requests); default 256.",
+)
+@click.option(
+    "--margin",
+    type=click.FloatRange(min=0),
+    default=0.15,
+    show_default=True,
+    help="Goodput gain a layout change needs.",
+)
+@click.option(
+    "--prometheus", "prometheus_url", help="Prometheus base URL for extra evidence (per-pool busy ratio, queues)."
+)
+@click.option(
+    "--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries."
+)
 @click.option("--skip-bad", is_flag=True, help="Skip and count bad lines/spans instead of failing.")
-@click.option("--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation.")
-@click.option("--confidence-resamples", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Bootstrap re-runs behind the confidence figure (at least 20; 0 skips it).")
+@click.option(
+    "--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation."
+)
+@click.option(
+    "--confidence-resamples",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Bootstrap re-runs behind the confidence figure (at least 20; 0 skips it).",
+)
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
-def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_gbps, kv_bytes_per_token, window_s, max_batch,
-                   margin, prometheus_url, since_s, skip_bad, sim_requests, confidence_resamples, fmt, output) -> None:  # type: ignore[no-untyped-def]
+def report_command(
+    traces,
+    slo_ttft,
+    slo_itl,
+    itl_stat,
+    attainment,
+    gpus,
+    link_gbps,
+    kv_bytes_per_token,
+    window_s,
+    max_batch,
+    margin,
+    prometheus_url,
+    since_s,
+    skip_bad,
+    sim_requests,
+    confidence_resamples,
+    fmt,
+    output,
+) -> None:  # type: ignore[no-untyped-def]
     """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
     from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
     from tracer.report.prometheus import PrometheusError, pool_evidence
@@ -69,8 +131,16 @@ def report_command(traces, slo_ttft, slo_itl, itl_stat, attainment, gpus, link_g
         if prometheus_url:
             extra = tuple(pool_evidence(prometheus_url, since_s))
         options = ReportOptions(
-            slo=SLO(slo_ttft, slo_itl, itl_stat, attainment), gpus=gpus, link_gbps=link_gbps, kv_bytes_per_token=kv_bytes_per_token,
-            window_s=window_s, max_batch=max_batch or DEFAULT_MAX_BATCH, margin=margin, skip_bad=skip_bad, sim_requests=sim_requests, extra_evidence=extra,
+            slo=SLO(slo_ttft, slo_itl, itl_stat, attainment),
+            gpus=gpus,
+            link_gbps=link_gbps,
+            kv_bytes_per_token=kv_bytes_per_token,
+            window_s=window_s,
+            max_batch=max_batch or DEFAULT_MAX_BATCH,
+            margin=margin,
+            skip_bad=skip_bad,
+            sim_requests=sim_requests,
+            extra_evidence=extra,
             confidence_resamples=confidence_resamples,
         )
         report = build_report(list(traces), options)

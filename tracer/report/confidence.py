@@ -53,24 +53,47 @@ def _layouts_that_matter(current: Layout, results: list[GoodputResult]) -> list[
     return list(unique.values())
 
 
-def bootstrap(decision: Decision, current: Layout, results: list[GoodputResult], observed: Workload, step_fit: StepFit,
-              costs: Costs, slo: SLO, margin: float, params: EngineParams, resamples: int = MIN_RESAMPLES,
-              seed: int = 0, min_requests: int = 100, duration_s: float = 10.0, sample_requests: int = 1000) -> Confidence:
+def bootstrap(
+    decision: Decision,
+    current: Layout,
+    results: list[GoodputResult],
+    observed: Workload,
+    step_fit: StepFit,
+    costs: Costs,
+    slo: SLO,
+    margin: float,
+    params: EngineParams,
+    resamples: int = MIN_RESAMPLES,
+    seed: int = 0,
+    min_requests: int = 100,
+    duration_s: float = 10.0,
+    sample_requests: int = 1000,
+) -> Confidence:
     """Re-run the decision `resamples` times on resampled requests and refitted costs."""
     rng = np.random.default_rng(seed)
     layouts = _layouts_that_matter(current, results)
     # Each re-run starts its search at the main run's answer for that layout: a resample moves it a little.
     main_rates = {r.layout.label: r.rate_per_s for r in results}
-    start_rates = {layout.label: max(main_rates.get(layout.label, 0.0), observed.rate_per_s, 1e-3) for layout in layouts}
+    start_rates = {
+        layout.label: max(main_rates.get(layout.label, 0.0), observed.rate_per_s, 1e-3) for layout in layouts
+    }
     said: dict[str, int] = {}
     agree = 0
     for k in range(resamples):
         sample = observed.resample(sample_requests, seed + 1 + k)
         run_costs = replace(costs, step=step_fit.resampled(rng))
         rerun = [
-            search_goodput(layout, sample, run_costs, slo, start_rate_per_s=start_rates[layout.label],
-                           min_requests=min_requests, duration_s=duration_s, params=params,
-                           bisect_steps=_RERUN_BISECT_STEPS)
+            search_goodput(
+                layout,
+                sample,
+                run_costs,
+                slo,
+                start_rate_per_s=start_rates[layout.label],
+                min_requests=min_requests,
+                duration_s=duration_s,
+                params=params,
+                bisect_steps=_RERUN_BISECT_STEPS,
+            )
             for layout in layouts
         ]
         again = decide(current, rerun, margin)

@@ -97,7 +97,9 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
     if o.best_split is not None:
         gain = _gain(o.best_split.goodput_per_gpu, o.best_single.goodput_per_gpu)
         if gain >= margin:
-            reasons = [f"{_fmt(o.best_split)} beats the best single pool ({_fmt(o.best_single)}) by {_pct(gain)} (margin {_pct(margin)})"]
+            reasons = [
+                f"{_fmt(o.best_split)} beats the best single pool ({_fmt(o.best_single)}) by {_pct(gain)} (margin {_pct(margin)})"
+            ]
             return Decision(Verdict.SPLIT, o.best_split.layout, ratio=o.best_split.layout.ratio, changes_layout=True,
                             reasons=reasons, win_margin=gain)  # fmt: skip
         split_note = _short_of("the best split", o.best_split, "the best single pool", o.best_single, gain, margin)
@@ -113,10 +115,15 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
         # Deployed chunked: it stays on unless plain colocated beats it by the margin (the same rule as
         # turning it on, from the other side); its budget changes only for a margin's gain over the deployed one.
         if current.mode == "chunked" and _gain(colocated.goodput_per_gpu, chunked.goodput_per_gpu) < margin:
-            budget_changes = chunked.layout.chunk_budget_tokens != current.chunk_budget_tokens and _gain(
-                chunked.goodput_per_gpu, o.now.goodput_per_gpu) >= margin
+            budget_changes = (
+                chunked.layout.chunk_budget_tokens != current.chunk_budget_tokens
+                and _gain(chunked.goodput_per_gpu, o.now.goodput_per_gpu) >= margin
+            )
             layout = chunked.layout if budget_changes else current
-            reasons = [f"chunked prefill stays on ({_fmt(o.by_label[layout.label])}; plain colocated {_fmt(colocated)})", split_note]
+            reasons = [
+                f"chunked prefill stays on ({_fmt(o.by_label[layout.label])}; plain colocated {_fmt(colocated)})",
+                split_note,
+            ]
             return Decision(Verdict.ENABLE_CHUNKED_PREFILL, layout, chunk_budget_tokens=layout.chunk_budget_tokens,
                             changes_layout=budget_changes, reasons=reasons)  # fmt: skip
     reasons = [split_note]
@@ -134,7 +141,9 @@ def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
     gain = _gain(best_single.goodput_per_gpu, best_split.goodput_per_gpu)
     if gain >= margin:
         budget = best_single.layout.chunk_budget_tokens or None
-        reasons = [f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"]
+        reasons = [
+            f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"
+        ]
         return Decision(Verdict.MERGE, best_single.layout, chunk_budget_tokens=budget, from_ratio=current.ratio,
                         changes_layout=True, reasons=reasons, win_margin=gain)  # fmt: skip
     gain_ratio = _gain(best_split.goodput_per_gpu, now.goodput_per_gpu)
@@ -152,7 +161,9 @@ def _keep(current: Layout, reasons: list[str]) -> Decision:
     if current.mode == "disaggregated":
         return Decision(Verdict.SPLIT, current, ratio=current.ratio, reasons=reasons)
     if current.mode == "chunked":
-        return Decision(Verdict.ENABLE_CHUNKED_PREFILL, current, chunk_budget_tokens=current.chunk_budget_tokens, reasons=reasons)
+        return Decision(
+            Verdict.ENABLE_CHUNKED_PREFILL, current, chunk_budget_tokens=current.chunk_budget_tokens, reasons=reasons
+        )
     return Decision(Verdict.STAY_COLOCATED, current, reasons=reasons)
 
 
@@ -177,14 +188,25 @@ def combine_windows(current: Layout, decisions: list[Decision]) -> Decision:
             key, _ = Counter(d.key for d in agreeing).most_common(1)[0]
             chosen = next(d for d in agreeing if d.key == key)
             reasons = [f"{count} of {len(with_data)} windows call for {verdict} ({summary})"] + chosen.reasons
-            return Decision(chosen.verdict, chosen.recommended, chosen.ratio, chosen.from_ratio, chosen.chunk_budget_tokens,
-                            True, reasons, chosen.win_margin)
-    keep = _keep(current, [f"no change holds in a majority of {len(with_data)} windows ({summary}); keeping the current layout"])
+            return Decision(
+                chosen.verdict,
+                chosen.recommended,
+                chosen.ratio,
+                chosen.from_ratio,
+                chosen.chunk_budget_tokens,
+                True,
+                reasons,
+                chosen.win_margin,
+            )
+    keep = _keep(
+        current, [f"no change holds in a majority of {len(with_data)} windows ({summary}); keeping the current layout"]
+    )
     return keep
 
 
-def _short_of(challenger_role: str, challenger: GoodputResult, holder_role: str, holder: GoodputResult, gain: float,
-              margin: float) -> str:
+def _short_of(
+    challenger_role: str, challenger: GoodputResult, holder_role: str, holder: GoodputResult, gain: float, margin: float
+) -> str:
     """Why a challenger does not replace a holder, in words that match the sign of its gain."""
     first, second = f"{challenger_role} ({_fmt(challenger)})", f"{holder_role} ({_fmt(holder)})"
     if gain < 0:

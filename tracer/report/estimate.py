@@ -36,7 +36,9 @@ class Overlap:
     stalls_s: list[np.ndarray]  # the durations of the prefills that ran inside its decode window
 
 
-def _time_average(starts: np.ndarray, ends: np.ndarray, weights: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+def _time_average(
+    starts: np.ndarray, ends: np.ndarray, weights: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
     """For each window [lo, hi]: the time-average of sum(weight) over the intervals [start, end) covering t."""
     times = np.concatenate([starts, ends])
     deltas = np.concatenate([weights, -weights])
@@ -148,15 +150,29 @@ def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) ->
     base, per_context, per_request = (float(x) for x in fit.coefficients)
     costs = StepCosts(base, per_context, per_request, prefill.b_s_per_token, prefill.c_s_per_token2)
     # Interference: a mixed iteration (a prefill's span) over the decode-only iteration of those waiting.
-    ratios = [float(np.mean(s)) / seen.decode_only_step_s[i] for i, s in enumerate(seen.stalls_s)
-              if len(s) and use[i] and seen.decode_only_step_s[i] > 0]
+    ratios = [
+        float(np.mean(s)) / seen.decode_only_step_s[i]
+        for i, s in enumerate(seen.stalls_s)
+        if len(s) and use[i] and seen.decode_only_step_s[i] > 0
+    ]
     factor = float(np.median(ratios)) if ratios else None
     predicted = features @ fit.coefficients
     ok = (predicted > 0) & (seen.decode_only_step_s[use] > 0)
     ratios_log = np.log(seen.decode_only_step_s[use][ok] / predicted[ok])
     sigma = float(1.4826 * np.median(np.abs(ratios_log - np.median(ratios_log)))) if ok.sum() > 2 else 0.0
-    return StepFit(costs, "estimated from request spans", fit.r2, fit.samples, factor, len(ratios), 0, sigma,
-                   features, seen.decode_only_step_s[use], ("base_s", "context_s_per_token", "decode_s_per_request"))
+    return StepFit(
+        costs,
+        "estimated from request spans",
+        fit.r2,
+        fit.samples,
+        factor,
+        len(ratios),
+        0,
+        sigma,
+        features,
+        seen.decode_only_step_s[use],
+        ("base_s", "context_s_per_token", "decode_s_per_request"),
+    )
 
 
 @dataclass(frozen=True)

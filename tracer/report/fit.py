@@ -160,8 +160,20 @@ def fit_steps(steps: StepTable) -> StepFit:
     noise_sigma = (
         _robust_sigma(np.log(cycle_s[usable] / predicted[usable]), weights[usable]) if usable.sum() > 2 else 0.0
     )
-    return StepFit(costs, "step spans", fit.r2, fit.samples, factor, int(mixed.sum()), int(mixed.sum()), noise_sigma,
-                   features, cycle_s, _STEP_TERMS, weights if steps.sampled else None)
+    return StepFit(
+        costs,
+        "step spans",
+        fit.r2,
+        fit.samples,
+        factor,
+        int(mixed.sum()),
+        int(mixed.sum()),
+        noise_sigma,
+        features,
+        cycle_s,
+        _STEP_TERMS,
+        weights if steps.sampled else None,
+    )
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ def instant_query(base_url: str, promql: str) -> list[tuple[dict[str, str], floa
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise PrometheusError(f"Prometheus at {base_url} could not be queried: {exc}") from None
     if body.get("status") != "success" or body.get("data", {}).get("resultType") != "vector":
-        raise PrometheusError(f"Prometheus at {base_url} answered {body.get('error') or body.get('status')!r} to {promql!r}")
+        raise PrometheusError(
+            f"Prometheus at {base_url} answered {body.get('error') or body.get('status')!r} to {promql!r}"
+        )
     return [(series.get("metric", {}), float(series["value"][1])) for series in body["data"]["result"]]
 
 
@@ -39,6 +41,9 @@ def pool_evidence(base_url: str, since_s: float) -> list[str]:
     lines = []
     for title, template in QUERIES.items():
         series = instant_query(base_url, template.format(since=f"{int(since_s)}s"))
-        values = ", ".join(f"{labels.get('pool', '?')} {value:.2f}" for labels, value in sorted(series, key=lambda s: s[0].get("pool", "")))
+        values = ", ".join(
+            f"{labels.get('pool', '?')} {value:.2f}"
+            for labels, value in sorted(series, key=lambda s: s[0].get("pool", ""))
+        )
         lines.append(f"Prometheus {title} over {int(since_s)}s: {values or 'no series'}")
     return lines

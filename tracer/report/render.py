@@ -59,42 +59,69 @@ def _clean(value: Any) -> Any:
 
 def to_json(report: Report) -> dict[str, Any]:
     m = report.measured
-    return _clean({
-        "verdict": report.verdict,
-        "headline": headline(report),
-        "ratio": report.ratio,
-        "from_ratio": report.from_ratio,
-        "chunk_budget_tokens": report.chunk_budget_tokens,
-        "current_layout": report.current.label if report.current else None,
-        "recommended_layout": report.recommended.label if report.recommended else None,
-        "win_margin": report.win_margin,
-        "confidence": report.confidence,
-        "confidence_resamples": report.confidence_resamples,
-        "unconfirmed_best_guess": report.unconfirmed,
-        "margin": report.margin,
-        "slo": {"ttft_s": report.slo.ttft_s, "itl_s": report.slo.itl_s, "itl_stat": report.slo.itl_stat,
-                "attainment": report.slo.attainment},
-        "goodput": [
-            {"option": o.label, "mode": o.mode, "ratio": o.ratio, "chunk_budget_tokens": o.chunk_budget_tokens, "gpus": o.gpus,
-             "rate_per_s": o.rate_per_s, "goodput_per_gpu": o.goodput_per_gpu}
-            for o in report.goodput
-        ],
-        "fits": report.fits,
-        "measured": None if m is None else {
-            "requests": m.requests, "failed": m.failed, "rate_per_s": m.rate_per_s, "attainment": m.attainment,
-            "ttft_s": m.ttft_s, "itl_s": m.itl_s, "tpot_s": m.tpot_s, "stage_mean_s": m.stage_mean_s,
-        },
-        "network": report.network,
-        "model_check": report.model_check,
-        "windows": [
-            {"start_s": w.start_s, "end_s": w.end_s, "requests": w.requests, "verdict": w.decision.verdict, "ratio": w.decision.ratio,
-             "chunk_budget_tokens": w.decision.chunk_budget_tokens}
-            for w in report.windows
-        ],
-        "evidence": report.evidence,
-        "assumptions": report.assumptions,
-        "read": report.read,
-    })
+    return _clean(
+        {
+            "verdict": report.verdict,
+            "headline": headline(report),
+            "ratio": report.ratio,
+            "from_ratio": report.from_ratio,
+            "chunk_budget_tokens": report.chunk_budget_tokens,
+            "current_layout": report.current.label if report.current else None,
+            "recommended_layout": report.recommended.label if report.recommended else None,
+            "win_margin": report.win_margin,
+            "confidence": report.confidence,
+            "confidence_resamples": report.confidence_resamples,
+            "unconfirmed_best_guess": report.unconfirmed,
+            "margin": report.margin,
+            "slo": {
+                "ttft_s": report.slo.ttft_s,
+                "itl_s": report.slo.itl_s,
+                "itl_stat": report.slo.itl_stat,
+                "attainment": report.slo.attainment,
+            },
+            "goodput": [
+                {
+                    "option": o.label,
+                    "mode": o.mode,
+                    "ratio": o.ratio,
+                    "chunk_budget_tokens": o.chunk_budget_tokens,
+                    "gpus": o.gpus,
+                    "rate_per_s": o.rate_per_s,
+                    "goodput_per_gpu": o.goodput_per_gpu,
+                }
+                for o in report.goodput
+            ],
+            "fits": report.fits,
+            "measured": None
+            if m is None
+            else {
+                "requests": m.requests,
+                "failed": m.failed,
+                "rate_per_s": m.rate_per_s,
+                "attainment": m.attainment,
+                "ttft_s": m.ttft_s,
+                "itl_s": m.itl_s,
+                "tpot_s": m.tpot_s,
+                "stage_mean_s": m.stage_mean_s,
+            },
+            "network": report.network,
+            "model_check": report.model_check,
+            "windows": [
+                {
+                    "start_s": w.start_s,
+                    "end_s": w.end_s,
+                    "requests": w.requests,
+                    "verdict": w.decision.verdict,
+                    "ratio": w.decision.ratio,
+                    "chunk_budget_tokens": w.decision.chunk_budget_tokens,
+                }
+                for w in report.windows
+            ],
+            "evidence": report.evidence,
+            "assumptions": report.assumptions,
+            "read": report.read,
+        }
+    )
 
 
 def _fmt_s(value: float | None) -> str:
@@ -108,17 +135,34 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
     out: list[tuple[str, Any]] = []
     s = report.slo
     if report.unconfirmed:
-        out.append(("Unconfirmed best guess", [f"{report.unconfirmed}: not a recommendation, the self-check failed (see Evidence)"]))
+        out.append(
+            (
+                "Unconfirmed best guess",
+                [f"{report.unconfirmed}: not a recommendation, the self-check failed (see Evidence)"],
+            )
+        )
     out.append(("Confidence", [_confidence_line(report)]))
-    out.append(("SLO", [f"TTFT <= {_fmt_s(s.ttft_s)}, per-request ITL {s.itl_stat} <= {_fmt_s(s.itl_s)}, "
-                        f"for {s.attainment:.0%} of requests; a layout change needs a {report.margin:.0%} goodput margin"]))
+    out.append(
+        (
+            "SLO",
+            [
+                f"TTFT <= {_fmt_s(s.ttft_s)}, per-request ITL {s.itl_stat} <= {_fmt_s(s.itl_s)}, "
+                f"for {s.attainment:.0%} of requests; a layout change needs a {report.margin:.0%} goodput margin"
+            ],
+        )
+    )
     m = report.measured
     if m is not None:
         rows = [["metric", "p50", "p90", "p99"]]
         for name, q in (("TTFT", m.ttft_s), (f"ITL ({s.itl_stat} per request)", m.itl_s), ("TPOT", m.tpot_s)):
             rows.append([name] + [_fmt_s(q.get(k)) for k in ("p50", "p90", "p99")])
-        out.append((f"Measured ({m.requests} requests, {m.failed} failed, {m.rate_per_s:.3g} req/s, "
-                    f"SLO attainment {m.attainment:.1%})", rows))
+        out.append(
+            (
+                f"Measured ({m.requests} requests, {m.failed} failed, {m.rate_per_s:.3g} req/s, "
+                f"SLO attainment {m.attainment:.1%})",
+                rows,
+            )
+        )
     if report.goodput:
         rows = [["option", "GPUs", "max rate (req/s)", "goodput (req/s/GPU)"]]
         for o in sorted(report.goodput, key=lambda o: -o.goodput_per_gpu):
@@ -132,8 +176,10 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
 def _confidence_line(report: Report) -> str:
     if report.confidence is None:
         return "not computed (no verdict to resample, or --confidence-resamples 0)"
-    return (f"{report.confidence:.0%} of {report.confidence_resamples} bootstrap re-runs (requests and step-fit residuals "
-            "resampled) reach the same verdict")
+    return (
+        f"{report.confidence:.0%} of {report.confidence_resamples} bootstrap re-runs (requests and step-fit residuals "
+        "resampled) reach the same verdict"
+    )
 
 
 def render_markdown(report: Report) -> str:
@@ -173,7 +219,12 @@ def _plots(report: Report) -> list[tuple[str, str]]:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
         for ax, values, slo, title in (
             (axes[0], req.ttft_s, report.slo.ttft_s, "time to first token"),
-            (axes[1], req.itl(report.slo.itl_stat), report.slo.itl_s, f"inter-token gap ({report.slo.itl_stat} per request)"),
+            (
+                axes[1],
+                req.itl(report.slo.itl_stat),
+                report.slo.itl_s,
+                f"inter-token gap ({report.slo.itl_stat} per request)",
+            ),
         ):
             values = np.sort(values[~np.isnan(values)])
             if len(values):
@@ -208,7 +259,9 @@ def _plots(report: Report) -> list[tuple[str, str]]:
             x = np.linspace(0, max(1, steps.prefill_tokens.max()), 100)
             batch = float(np.median(steps.decode_requests))
             context = float(np.median(steps.context_tokens))
-            ax.plot(x, [c.step_s(batch, context, v) * 1e3 for v in x], color="black", label="fit at median batch/context")
+            ax.plot(
+                x, [c.step_s(batch, context, v) * 1e3 for v in x], color="black", label="fit at median batch/context"
+            )
         ax.set_xlabel("prefill tokens in step")
         ax.set_ylabel("step time (ms)")
         ax.set_title("step time against prefill tokens")
@@ -218,7 +271,9 @@ def _plots(report: Report) -> list[tuple[str, str]]:
     if report.goodput:
         fig, ax = plt.subplots(figsize=(7, 3.2))
         options = report.goodput
-        colors = ["tab:green" if report.recommended and o.label == report.recommended.label else "tab:blue" for o in options]
+        colors = [
+            "tab:green" if report.recommended and o.label == report.recommended.label else "tab:blue" for o in options
+        ]
         ax.bar(range(len(options)), [o.goodput_per_gpu for o in options], color=colors)
         ax.set_xticks(range(len(options)), [o.label for o in options], rotation=30, ha="right")
         ax.set_ylabel("goodput (req/s per GPU)")
@@ -239,8 +294,10 @@ figure { margin: 1em 0; } img { max-width: 100%; }
 def render_html(report: Report) -> str:
     e = html.escape
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        "<title>splitscope report: " + e(headline(report)) + "</title>", f"<style>{_STYLE}</style></head><body>",
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        "<title>splitscope report: " + e(headline(report)) + "</title>",
+        f"<style>{_STYLE}</style></head><body>",
         "<h1>splitscope split-decision report</h1>",
         f'<p class="verdict" id="verdict" data-verdict="{e(report.verdict)}">Verdict: <strong>{e(headline(report))}</strong></p>',
     ]
@@ -254,6 +311,8 @@ def render_html(report: Report) -> str:
             parts.append("<ul>" + "".join(f"<li>{e(str(line))}</li>" for line in body) + "</ul>")
     parts.append("<h2>Plots</h2>")
     for title, png in _plots(report):
-        parts.append(f'<figure><img class="plot" alt="{e(title)}" src="data:image/png;base64,{png}"><figcaption>{e(title)}</figcaption></figure>')
+        parts.append(
+            f'<figure><img class="plot" alt="{e(title)}" src="data:image/png;base64,{png}"><figcaption>{e(title)}</figcaption></figure>'
+        )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

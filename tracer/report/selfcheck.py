@@ -22,7 +22,9 @@ CHECKED = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("ITL p50", "
 
 
 def describe_tolerance() -> str:
-    return f"within {TOLERANCE:.0%} (or {TOLERANCE_FLOOR_S * 1e3:g} ms) of the measured, step fit R^2 >= {MIN_STEP_R2:g}"
+    return (
+        f"within {TOLERANCE:.0%} (or {TOLERANCE_FLOOR_S * 1e3:g} ms) of the measured, step fit R^2 >= {MIN_STEP_R2:g}"
+    )
 
 
 def misses(check: dict[str, float], step_r2: float | None, itl_stat: str) -> list[str]:

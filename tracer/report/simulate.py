@@ -50,8 +50,13 @@ class StepCosts:
     prefill_s_per_token: float
     prefill_s_per_token2: float = 0.0
 
-    def step_s(self, decode_requests: float, context_tokens: float, prefill_tokens: float,
-               prefill_attention_tokens2: float | None = None) -> float:
+    def step_s(
+        self,
+        decode_requests: float,
+        context_tokens: float,
+        prefill_tokens: float,
+        prefill_attention_tokens2: float | None = None,
+    ) -> float:
         """Seconds; `prefill_attention_tokens2` defaults to one prompt's whole prefill (P^2)."""
         attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
         return (
@@ -330,7 +335,9 @@ def _run_worker(
                 left = chunk_budget_tokens - decode_n
                 prefill_tokens, attention, done = _chunked_prefill(waiting, remaining, prefill_need, left, room, t, out)
             else:
-                prefill_tokens, attention, done = _whole_prefill(waiting, remaining, room, params.max_prefill_tokens_per_step, t, out)
+                prefill_tokens, attention, done = _whole_prefill(
+                    waiting, remaining, room, params.max_prefill_tokens_per_step, t, out
+                )
         if not prefill_tokens and not decode_n:
             if pending:  # nothing runnable until the next arrival
                 t = max(t, pending[0][0])
@@ -481,7 +488,9 @@ def simulate(
     itl_p50, itl_p99, itl_max, itl_mean = (np.zeros(run.n) for _ in range(4))
     e2e = run.first_token - run.arrival
     for worker, ends in run.decode_step_ends.items():
-        members = np.array([r for r, w in enumerate(run.decode_worker) if w == worker and r in run.decode_span], dtype=np.int64)
+        members = np.array(
+            [r for r, w in enumerate(run.decode_worker) if w == worker and r in run.decode_span], dtype=np.int64
+        )
         if len(members):
             bounds = np.array([run.decode_span[int(r)] for r in members], dtype=np.int64)
             _gap_stats(members, bounds, ends, run.first_token, itl_p99, itl_max, itl_mean)

@@ -145,7 +145,10 @@ def request_line(resource_spans: list[tuple[dict[str, Any], list[dict[str, Any]]
     """One ExportTraceServiceRequest line from (resource attributes, spans) groups."""
     request = {
         "resourceSpans": [
-            {"resource": {"attributes": _attributes(resource)}, "scopeSpans": [{"scope": {"name": "splitscope"}, "spans": spans}]}
+            {
+                "resource": {"attributes": _attributes(resource)},
+                "scopeSpans": [{"scope": {"name": "splitscope"}, "spans": spans}],
+            }
             for resource, spans in resource_spans
             if spans
         ]
@@ -198,7 +201,9 @@ def _lines(
         roots, groups, in_line = [], {}, 0
 
     for request in range(len(workload)):
-        spans = _request_spans(request, result, workload, costs, layout, ids, options, prefill_pool, decode_pool, step_lookup)
+        spans = _request_spans(
+            request, result, workload, costs, layout, ids, options, prefill_pool, decode_pool, step_lookup
+        )
         roots.append(spans[0][1])
         for key, span in spans[1:]:
             groups.setdefault(key, []).append(span)
@@ -215,8 +220,13 @@ def _lines(
                 start = log.start_s[i]
                 batch.setdefault(worker, []).append(
                     span_dict(
-                        trace_id=trace_ids[worker], span_id=ids.span(), parent_span_id="", name=s.SPAN_STEP,
-                        kind=SPAN_KIND_INTERNAL, start_ns=_ns(start), end_ns=_ns(start + log.duration_s[i]),
+                        trace_id=trace_ids[worker],
+                        span_id=ids.span(),
+                        parent_span_id="",
+                        name=s.SPAN_STEP,
+                        kind=SPAN_KIND_INTERNAL,
+                        start_ns=_ns(start),
+                        end_ns=_ns(start + log.duration_s[i]),
                         attributes={
                             s.ATTR_POOL: pool,
                             s.ATTR_WORKER: f"{pool}-{worker}",
@@ -269,30 +279,66 @@ def _request_spans(
     p_worker, d_worker = int(tl["prefill_worker"][r]), int(tl["decode_worker"][r])
     p_key, d_key = (prefill_pool, p_worker), (decode_pool, d_worker)
     p_name, d_name = f"{prefill_pool}-{p_worker}", f"{decode_pool}-{d_worker}"
-    prompt, cached, output = int(workload.prompt_tokens[r]), int(workload.cached_tokens[r]), int(workload.output_tokens[r])
+    prompt, cached, output = (
+        int(workload.prompt_tokens[r]),
+        int(workload.cached_tokens[r]),
+        int(workload.output_tokens[r]),
+    )
     gaps = result.token_gaps[r]
 
     def child(name: str, start_s: float, end_s: float, attributes: dict[str, Any], parent: str = root_id, events=()):
         return span_dict(
-            trace_id=trace_id, span_id=ids.span(), parent_span_id=parent, name=name, kind=SPAN_KIND_INTERNAL,
-            start_ns=_ns(start_s), end_ns=_ns(end_s), attributes=attributes, events=list(events),
+            trace_id=trace_id,
+            span_id=ids.span(),
+            parent_span_id=parent,
+            name=name,
+            kind=SPAN_KIND_INTERNAL,
+            start_ns=_ns(start_s),
+            end_ns=_ns(end_s),
+            attributes=attributes,
+            events=list(events),
         )
 
     spans: list[tuple[Any, dict[str, Any]]] = []
-    spans.append((p_key, child(s.SPAN_QUEUE, tl["arrival_s"][r], tl["prefill_start_s"][r], {s.ATTR_POOL: prefill_pool, s.ATTR_WORKER: p_name})))
     spans.append(
-        (p_key, child(s.SPAN_PREFILL, tl["prefill_start_s"][r], tl["prefill_end_s"][r], {
-            s.ATTR_POOL: prefill_pool, s.ATTR_WORKER: p_name, s.ATTR_TIMING_SOURCE: "cuda",
-            s.ATTR_PREFILL_TOKENS: prompt, s.ATTR_PREFILL_CACHED_TOKENS: cached,
-            s.ATTR_PREFILL_CHUNKS: int(tl["prefill_chunks"][r]),
-        }))
+        (
+            p_key,
+            child(
+                s.SPAN_QUEUE,
+                tl["arrival_s"][r],
+                tl["prefill_start_s"][r],
+                {s.ATTR_POOL: prefill_pool, s.ATTR_WORKER: p_name},
+            ),
+        )
+    )
+    spans.append(
+        (
+            p_key,
+            child(
+                s.SPAN_PREFILL,
+                tl["prefill_start_s"][r],
+                tl["prefill_end_s"][r],
+                {
+                    s.ATTR_POOL: prefill_pool,
+                    s.ATTR_WORKER: p_name,
+                    s.ATTR_TIMING_SOURCE: "cuda",
+                    s.ATTR_PREFILL_TOKENS: prompt,
+                    s.ATTR_PREFILL_CACHED_TOKENS: cached,
+                    s.ATTR_PREFILL_CHUNKS: int(tl["prefill_chunks"][r]),
+                },
+            ),
+        )
     )
     if layout.mode == "disaggregated":
         kv_bytes = int(prompt * costs.transfer.kv_bytes_per_token)
         kv = {
-            s.ATTR_KV_BYTES: kv_bytes, s.ATTR_KV_BLOCKS: -(-prompt // KV_BLOCK_TOKENS),
-            s.ATTR_KV_BLOCK_TOKENS: KV_BLOCK_TOKENS, s.ATTR_KV_STREAMS: 4,
-            s.ATTR_KV_SRC: p_name, s.ATTR_KV_DST: d_name, s.ATTR_CLOCK_OFFSET_NS: 0,
+            s.ATTR_KV_BYTES: kv_bytes,
+            s.ATTR_KV_BLOCKS: -(-prompt // KV_BLOCK_TOKENS),
+            s.ATTR_KV_BLOCK_TOKENS: KV_BLOCK_TOKENS,
+            s.ATTR_KV_STREAMS: 4,
+            s.ATTR_KV_SRC: p_name,
+            s.ATTR_KV_DST: d_name,
+            s.ATTR_CLOCK_OFFSET_NS: 0,
         }
         start, end = float(tl["prefill_end_s"][r]), float(tl["transfer_end_s"][r])
         parent = child(s.SPAN_KV_TRANSFER, start, end, kv)
@@ -300,39 +346,70 @@ def _request_spans(
         spans.append((p_key, child(s.SPAN_KV_SEND, float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
         spans.append((d_key, child(s.SPAN_KV_RECV, float(tl["transfer_start_s"][r]), end, kv, parent["spanId"])))
     decode_attrs: dict[str, Any] = {
-        s.ATTR_POOL: decode_pool, s.ATTR_WORKER: d_name, s.ATTR_TIMING_SOURCE: "cuda",
+        s.ATTR_POOL: decode_pool,
+        s.ATTR_WORKER: d_name,
+        s.ATTR_TIMING_SOURCE: "cuda",
         s.ATTR_OUTPUT_TOKENS: output,
     }
     root_attrs: dict[str, Any] = {
-        s.ATTR_OPERATION: "text_completion", s.ATTR_MODEL: options.model,
-        s.ATTR_INPUT_TOKENS: prompt, s.ATTR_OUTPUT_TOKENS: output,
-        s.ATTR_REQUEST_ID: f"req-{r}", s.ATTR_MODE: layout.mode,
+        s.ATTR_OPERATION: "text_completion",
+        s.ATTR_MODEL: options.model,
+        s.ATTR_INPUT_TOKENS: prompt,
+        s.ATTR_OUTPUT_TOKENS: output,
+        s.ATTR_REQUEST_ID: f"req-{r}",
+        s.ATTR_MODE: layout.mode,
         s.ATTR_TTFT_S: float(result.ttft_s[r]),
     }
     events: list[tuple[str, int, dict[str, Any]]] = []
     if options.include_itl and len(gaps):
         stall_s = 2.0 * float(result.itl_p50_s[r])
         stalls = np.flatnonzero(gaps > stall_s)
-        decode_attrs.update({
-            s.ATTR_DECODE_ITL_P50_S: float(result.itl_p50_s[r]), s.ATTR_DECODE_ITL_P99_S: float(result.itl_p99_s[r]),
-            s.ATTR_DECODE_ITL_MAX_S: float(result.itl_max_s[r]), s.ATTR_DECODE_STALLS: len(stalls),
-        })
-        root_attrs.update({
-            s.ATTR_ITL_P99_S: float(result.itl_p99_s[r]), s.ATTR_ITL_MAX_S: float(result.itl_max_s[r]),
-            s.ATTR_ITL_MEAN_S: float(result.itl_mean_s[r]),
-        })
+        decode_attrs.update(
+            {
+                s.ATTR_DECODE_ITL_P50_S: float(result.itl_p50_s[r]),
+                s.ATTR_DECODE_ITL_P99_S: float(result.itl_p99_s[r]),
+                s.ATTR_DECODE_ITL_MAX_S: float(result.itl_max_s[r]),
+                s.ATTR_DECODE_STALLS: len(stalls),
+            }
+        )
+        root_attrs.update(
+            {
+                s.ATTR_ITL_P99_S: float(result.itl_p99_s[r]),
+                s.ATTR_ITL_MAX_S: float(result.itl_max_s[r]),
+                s.ATTR_ITL_MEAN_S: float(result.itl_mean_s[r]),
+            }
+        )
         token_times = float(tl["first_token_s"][r]) + np.cumsum(gaps)
         ends, prefill_tokens = step_lookup[d_worker]
         events = []
         for i in stalls[:_MAX_STALL_EVENTS]:
             # The gap ends with the step that produced the token; its prefill tokens caused the stall.
             step = min(int(np.searchsorted(ends, token_times[i] - 1e-9)), len(ends) - 1)
-            events.append((s.EVENT_DECODE_STALL, _ns(token_times[i]), {"gap_s": float(gaps[i]), "prefill_tokens": int(prefill_tokens[step])}))
+            events.append(
+                (
+                    s.EVENT_DECODE_STALL,
+                    _ns(token_times[i]),
+                    {"gap_s": float(gaps[i]), "prefill_tokens": int(prefill_tokens[step])},
+                )
+            )
     if output > 1:
-        spans.append((d_key, child(s.SPAN_DECODE, float(tl["decode_start_s"][r]), float(tl["end_s"][r]), decode_attrs, events=events)))
+        spans.append(
+            (
+                d_key,
+                child(
+                    s.SPAN_DECODE, float(tl["decode_start_s"][r]), float(tl["end_s"][r]), decode_attrs, events=events
+                ),
+            )
+        )
     root = span_dict(
-        trace_id=trace_id, span_id=root_id, parent_span_id="", name=f"text_completion {options.model}", kind=SPAN_KIND_SERVER,
-        start_ns=_ns(tl["arrival_s"][r]), end_ns=_ns(tl["end_s"][r]), attributes=root_attrs,
+        trace_id=trace_id,
+        span_id=root_id,
+        parent_span_id="",
+        name=f"text_completion {options.model}",
+        kind=SPAN_KIND_SERVER,
+        start_ns=_ns(tl["arrival_s"][r]),
+        end_ns=_ns(tl["end_s"][r]),
+        attributes=root_attrs,
     )
     return [(None, root)] + spans
 
@@ -355,7 +432,9 @@ class Scenario:
 
 # A mid-size GPU serving an 8B-class model: 8 ms per step, 0.3 ms per decode request, 0.2 us per context
 # token, 120 us per prefill token (DistServe's forms); KV of Llama-3-8B in bf16.
-GROUND_TRUTH_STEP = StepCosts(base_s=0.008, context_s_per_token=2e-7, decode_s_per_request=3e-4, prefill_s_per_token=1.2e-4)
+GROUND_TRUTH_STEP = StepCosts(
+    base_s=0.008, context_s_per_token=2e-7, decode_s_per_request=3e-4, prefill_s_per_token=1.2e-4
+)
 _KV = 131072.0
 
 
@@ -380,11 +459,18 @@ def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
         return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(step=LONG_PROMPT_STEP), 2.0, 0.035)
     if name == "wrong-split":  # decode-heavy workload deployed prefill-heavy (3:1)
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(200, 400), output_tokens=(200, 400), seed=seed)
-        return Scenario(Layout("disaggregated", prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035)
+        return Scenario(
+            Layout("disaggregated", prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035
+        )
     if name == "slow-link":  # strict-itl's split, but the KV crosses a slow link: the transfer eats the TTFT
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("disaggregated", prefill_workers=2, decode_workers=2), work,
-                        ground_truth_costs(link_gbps=1.0, step=LONG_PROMPT_STEP), 1.0, 0.06)
+        return Scenario(
+            Layout("disaggregated", prefill_workers=2, decode_workers=2),
+            work,
+            ground_truth_costs(link_gbps=1.0, step=LONG_PROMPT_STEP),
+            1.0,
+            0.06,
+        )
     raise ValueError(f"unknown scenario {name!r}")
 
 

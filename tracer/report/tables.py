@@ -202,7 +202,12 @@ def _text(span: Span, key: str, where: str) -> str:
 
 class _Request:
     __slots__ = (
-        "root", "queue", "prefill", "transfer", "send", "decode",
+        "root",
+        "queue",
+        "prefill",
+        "transfer",
+        "send",
+        "decode",
     )
 
     def __init__(self) -> None:
@@ -380,12 +385,32 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
     n = len(rows)
     col: dict[str, Any] = {
         name: np.full(n, np.nan)
-        for name in ("ttft_s", "itl_p50_s", "itl_p99_s", "itl_max_s", "itl_mean_s", "queue_s", "prefill_s", "transfer_s", "decode_s")
+        for name in (
+            "ttft_s",
+            "itl_p50_s",
+            "itl_p99_s",
+            "itl_max_s",
+            "itl_mean_s",
+            "queue_s",
+            "prefill_s",
+            "transfer_s",
+            "decode_s",
+        )
     }
-    ints = {name: np.zeros(n, dtype=np.int64) for name in (
-        "arrival_ns", "end_ns", "input_tokens", "cached_tokens", "output_tokens",
-        "decode_start_ns", "decode_end_ns", "prefill_start_ns", "prefill_end_ns",
-    )}
+    ints = {
+        name: np.zeros(n, dtype=np.int64)
+        for name in (
+            "arrival_ns",
+            "end_ns",
+            "input_tokens",
+            "cached_tokens",
+            "output_tokens",
+            "decode_start_ns",
+            "decode_end_ns",
+            "prefill_start_ns",
+            "prefill_end_ns",
+        )
+    }
     failed = np.zeros(n, dtype=bool)
     prefill_worker = np.full(n, "", dtype=object)
     decode_worker = np.full(n, "", dtype=object)
@@ -428,7 +453,9 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
             for name in ("itl_p99_s", "itl_max_s", "itl_mean_s"):
                 if np.isnan(col[name][i]):
                     col[name][i] = 0.0
-    return RequestTable(failed=failed, prefill_worker=prefill_worker, decode_worker=decode_worker, mode=mode, **ints, **col)
+    return RequestTable(
+        failed=failed, prefill_worker=prefill_worker, decode_worker=decode_worker, mode=mode, **ints, **col
+    )
 
 
 def _transfer_table(requests: dict[str, _Request]) -> TransferTable:

@@ -48,7 +48,9 @@ LINE_MAX_SPANS = 4096
 
 
 def is_ours(span: s.SpanData) -> bool:
-    return span.name.startswith("splitscope.") or span.name.startswith(tuple(prefix + " " for prefix in s.ROOT_SPAN_PREFIXES))
+    return span.name.startswith("splitscope.") or span.name.startswith(
+        tuple(prefix + " " for prefix in s.ROOT_SPAN_PREFIXES)
+    )
 
 
 class SpanExport:
@@ -114,7 +116,9 @@ class SpanExport:
         if self.tail_sampler is None:
             exported = self._export_all(by_resource.items())
         else:
-            released = [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+            released = [
+                kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)
+            ]
             exported = self._export_all(released + self.tail_sampler.expire())
         self._classify_overlap()
         return exported

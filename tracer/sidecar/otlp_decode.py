@@ -23,7 +23,15 @@ from tracer.sidecar.ingest_queue import Batch, resource_key
 from tracer.spans import ATTR_ERROR_TYPE, SpanData
 
 STATUS_ERROR = 2
-_ANY_VALUE_FIELDS = ("string_value", "bool_value", "int_value", "double_value", "array_value", "kvlist_value", "bytes_value")
+_ANY_VALUE_FIELDS = (
+    "string_value",
+    "bool_value",
+    "int_value",
+    "double_value",
+    "array_value",
+    "kvlist_value",
+    "bytes_value",
+)
 
 
 class OtlpDecodeError(ValueError):

@@ -63,9 +63,7 @@ def fetch(url: str, timeout_s: float) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-def map_families(
-    text: str, engine: str, *, pool: str, worker: str, mode: str
-) -> list[Metric]:
+def map_families(text: str, engine: str, *, pool: str, worker: str, mode: str) -> list[Metric]:
     """Our families from one engine exposition. Raises ValueError for an unknown engine or bad text."""
     try:
         mappings = ENGINES[engine]
@@ -142,7 +140,9 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
         if all(sample.labels.get(k) == v for k, v in m.match.items()) and not sample.name.endswith("_created")
     ]  # fmt: skip
     if m.kind in (GAUGE, COUNTER):
-        wanted = family.name + ("_" + m.from_sample if m.from_sample else ("_total" if family.type == "counter" else ""))
+        wanted = family.name + (
+            "_" + m.from_sample if m.from_sample else ("_total" if family.type == "counter" else "")
+        )
         for sample in matched:
             if sample.name != wanted or math.isnan(sample.value):
                 continue
@@ -157,7 +157,9 @@ def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str,
     series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
     for sample in matched:
         labels = _series_labels(sample)
-        h = series.setdefault(tuple(sorted(labels.items())), {"labels": labels, "buckets": {}, "count": 0.0, "sum": 0.0})
+        h = series.setdefault(
+            tuple(sorted(labels.items())), {"labels": labels, "buckets": {}, "count": 0.0, "sum": 0.0}
+        )
         if sample.name == family.name + "_bucket":
             h["buckets"][_le(sample.labels["le"], m.scale)] = sample.value
         elif sample.name == family.name + "_count":
@@ -247,8 +249,12 @@ def scrape_health(scrapers: Iterable[EngineScraper]) -> list[Metric]:
             continue
         up[scraper.engine] = min(up.get(scraper.engine, 1.0), 1.0 if scraper.up else 0.0)
         duration[scraper.engine] = max(duration.get(scraper.engine, 0.0), scraper.duration_s)
-    up_family = GaugeMetricFamily(ENGINE_SCRAPE_UP, "1 when the last scrape of the engine's /metrics worked", labels=["engine"])
-    duration_family = GaugeMetricFamily(ENGINE_SCRAPE_DURATION, "Seconds the last engine scrape took", labels=["engine"])
+    up_family = GaugeMetricFamily(
+        ENGINE_SCRAPE_UP, "1 when the last scrape of the engine's /metrics worked", labels=["engine"]
+    )
+    duration_family = GaugeMetricFamily(
+        ENGINE_SCRAPE_DURATION, "Seconds the last engine scrape took", labels=["engine"]
+    )
     for engine in sorted(up):
         up_family.add_metric([engine], up[engine])
         duration_family.add_metric([engine], duration[engine])

@@ -147,7 +147,9 @@ class Sidecar:
         self.export.start()
         try:
             if config.unix_socket:
-                self.unix = UnixIngestServer(config.unix_socket, self.queue, token=token, on_drop=self._count_drop).start()
+                self.unix = UnixIngestServer(
+                    config.unix_socket, self.queue, token=token, on_drop=self._count_drop
+                ).start()
             if config.grpc_port is not None:
                 self.grpc_server, self.grpc_port = start_grpc_server(
                     self.queue, config.host, config.grpc_port, token=token, max_message_bytes=config.max_body_bytes

@@ -188,9 +188,15 @@ class VllmAdapter:
                 stage_attrs[s.ATTR_OUTPUT_TOKENS] = output_tokens
             out.append(
                 s.SpanData(
-                    name=name, kind=s.KIND_INTERNAL, trace_id=span.trace_id, span_id=s.new_span_id(),
-                    parent_span_id=span.span_id, start_ns=start_ns, end_ns=max(start_ns, end_ns),
-                    attributes=stage_attrs, error_type=span.error_type if name == s.SPAN_DECODE else "",
+                    name=name,
+                    kind=s.KIND_INTERNAL,
+                    trace_id=span.trace_id,
+                    span_id=s.new_span_id(),
+                    parent_span_id=span.span_id,
+                    start_ns=start_ns,
+                    end_ns=max(start_ns, end_ns),
+                    attributes=stage_attrs,
+                    error_type=span.error_type if name == s.SPAN_DECODE else "",
                 )  # fmt: skip
             )
         return out

@@ -83,8 +83,21 @@ def encode_frame(batch: Sequence[SpanData]) -> bytes:
     """One frame (header included). Raises TypeError for attribute values MessagePack cannot carry."""
     payload = _encode(
         [
-            (d.name, d.kind, d.trace_id >> 64, d.trace_id & _U64_MASK, d.span_id, d.parent_span_id, d.start_ns,
-             d.end_ns, d.attributes, d.events, d.error_type, d.samples, d.sampled)
+            (
+                d.name,
+                d.kind,
+                d.trace_id >> 64,
+                d.trace_id & _U64_MASK,
+                d.span_id,
+                d.parent_span_id,
+                d.start_ns,
+                d.end_ns,
+                d.attributes,
+                d.events,
+                d.error_type,
+                d.samples,
+                d.sampled,
+            )
             for d in batch
         ]  # fmt: skip
     )
@@ -98,7 +111,9 @@ def decode_payload(payload: bytes | bytearray | memoryview) -> list[SpanData]:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(f"bad frame: {exc}") from None
     out = [
-        SpanData(name, kind, (high << 64) | low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled)
+        SpanData(
+            name, kind, (high << 64) | low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled
+        )
         for name, kind, high, low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled in records
     ]
     # MessagePack integers stop at 64 bits and the record type says non-negative: ids cannot be too wide.
