@@ -1,8 +1,8 @@
 """Does scraping /metrics slow what it observes? TTFT and client-seen gaps with and without a scraper.
 
 One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) serves the same open-loop
-workload from `tracer.load` in alternating rounds: unscraped, then scraped 3 times a second on the router's
-/metrics (OpenMetrics, as Prometheus asks), and so on. Each condition pools the requests of its rounds;
+workload from `tracer.load` in alternating rounds: unscraped and scraped 3 times a second on the router's
+/metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round. Each condition pools the requests of its rounds;
 printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per condition, and their
 ratios (scraped / unscraped) from this one run. Alternating rounds on one server keeps slow drift of a
 shared machine out of the ratio.
@@ -116,7 +116,9 @@ def main() -> None:
                           prompt=LengthSpec(128), output=LengthSpec(64), seed=1, timeout_s=60)  # fmt: skip
         run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
         for index in range(args.rounds):
-            for condition in ("unscraped", "scraped"):
+            # ABBA order: the condition that goes first in a round alternates, so warm-up and drift within a
+            # round (seen as a steady 0.5-0.9 first-round bias when unscraped always went first) cancel out.
+            for condition in ("unscraped", "scraped") if index % 2 == 0 else ("scraped", "unscraped"):
                 config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
                                     prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index, timeout_s=60)  # fmt: skip
                 cpu_before = server_cpu_s(server.pid)
