@@ -147,7 +147,7 @@ def main() -> None:
     (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
     print()
     print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
-    # The same ratios round by round (each scraped round against the unscraped round just before it):
+    # The same ratios round by round (each scraped run against the unscraped run of its round):
     # their spread is the machine's noise.
     paired = [(pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
               for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
