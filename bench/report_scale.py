@@ -5,8 +5,9 @@
 Generates the file from a ground-truth cost model (tracer.report.synthetic; not timed), then runs
 `build_report` in a fresh child process and prints its wall time, peak RSS, the share spent reading the
 file (tracer.report.read + our column extraction) and spans per second, all measured in this run.
-`--compare-generic-reader` also runs the report with the generic reader (tracer.traces.iter_spans), one
-child after the other, and prints the load-time ratio of the two.
+`--compare-generic-reader` also runs the report with the generic reader (tracer.traces.iter_spans: a Span
+with every attribute for every span), one child after the other, prints the load-time ratio of the two and
+checks that both give the same verdict and the same goodput table.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import json, resource, sys, time
 import tracer.report.tables
 if sys.argv[2] == "generic":
     from tracer.traces import iter_spans
-    tracer.report.tables.iter_report_spans = iter_spans
+    tracer.report.tables.iter_report_spans = lambda paths, *, skip_bad, stats, steps: iter_spans(
+        paths, skip_bad=skip_bad, stats=stats
+    )
 from tracer.report.build import ReportOptions, report_from_data
 from tracer.report.tables import load_traces
 from tracer.report.render import headline, render
@@ -40,13 +43,13 @@ data = load_traces([sys.argv[1]])
 loaded = time.perf_counter()
 report = report_from_data(data, ReportOptions(SLO(1.0, 0.1)))
 decided = time.perf_counter()
-render(report, "json")
+rendered_json = json.loads(render(report, "json"))
 rendered = time.perf_counter()
 print(json.dumps({
     "spans": data.read.spans, "requests": len(data.requests), "steps": len(data.steps),
     "load_s": loaded - started, "decide_s": decided - loaded, "render_json_s": rendered - decided,
     "total_s": rendered - started, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-    "verdict": headline(report),
+    "verdict": headline(report), "goodput": rendered_json["goodput"],
 }))
 """
 
@@ -88,6 +91,8 @@ def main() -> None:
             f"{generic['peak_rss_bytes'] / 2**30:.2f} GiB, verdict {generic['verdict']}; typed/generic load time "
             f"{figures['load_s'] / generic['load_s']:.2f}"
         )
+        same = figures["verdict"] == generic["verdict"] and figures["goodput"] == generic["goodput"]
+        print(f"same verdict and goodput table with both readers: {'yes' if same else 'NO'}")
 
 
 def _child(path: Path, reader: str) -> dict:

@@ -1,148 +1,336 @@
-"""The report's trace reader: OTLP/JSON lines decoded into typed structs that hold only what it reads.
+"""The report's trace reader: every record of the trace files, decoded into only what the report reads.
 
-A million spans, most of them step spans, dominate the report's time when every line becomes generic
-Python objects first. Here msgspec decodes each line straight into small structs: ids, name, kind, times,
-status and scalar attributes; events, links, flags and scopes are skipped by the decoder without being
-built. The spans it yields are `tracer.traces.Span` objects without events (the report reads none) and
-with an empty resource.
+Records come from `tracer.traces.iter_good_records` (OTLP/JSON lines or the collector's length-prefixed
+protobuf, told apart by content). Step spans are most of a trace file (one per engine iteration, about 90%
+of a million spans), so an OTLP/JSON step span that is well formed goes straight into `StepColumns`: no
+`Span`, no attribute dict, no per-span object kept; its ids, events and the attributes the report does not
+use are not read. Every other span becomes a `tracer.traces.Span` without events and with an empty
+resource (the report reads neither) for `tracer.report.tables` to interpret.
 
-A line the typed decoder or the checks below refuse is read again by `tracer.traces.spans_from_request`,
-so a bad file fails with the same message, and a valid line with something unusual in it (an array
-attribute) reads as it always did.
+msgspec decodes each JSON line into small structs (`_Span` and its attributes; scopes, resources, links and
+events are skipped by the decoder without being built). A line the structs refuse, or a non-step span whose
+ids are not hex, is read again whole by `tracer.traces.spans_from_record`, so a bad line fails with the
+generic reader's message; a step span that lacks an attribute or carries one of another type is handed on as
+a `Span`, so `tracer.report.tables` names what is wrong with it. Protobuf records are read by
+`spans_from_record` into `Span`s (the opentelemetry-proto messages), steps included.
+
+Blocking file I/O; single-threaded (one StepColumns per read).
 """
 
 from __future__ import annotations
 
+import math
 import os
+from array import array
 from collections.abc import Iterator, Sequence
 
 import msgspec
-import orjson
 
+from tracer.spans import (
+    ATTR_POOL,
+    ATTR_SAMPLE_WEIGHT,
+    ATTR_STEP_CONTEXT_TOKENS,
+    ATTR_STEP_DECODE_REQUESTS,
+    ATTR_STEP_PREFILL_ATTENTION_TOKENS2,
+    ATTR_STEP_PREFILL_TOKENS,
+    ATTR_WORKER,
+    SPAN_STEP,
+)
 from tracer.traces import (
     STATUS_UNSET,
     ReadStats,
     Span,
     TraceFileError,
+    TraceFormat,
     _describe,
-    spans_from_request,
+    iter_good_records,
+    record_error,
+    spans_from_record,
 )
 
+# gc=False: a decoded line is a tree (no reference cycles), so the cyclic collector need not track its
+# millions of structs.
 
-class _Value(msgspec.Struct):
+
+class _Value(msgspec.Struct, gc=False):
+    # Decoded with strict=False: proto3 JSON writes int64 as a decimal string, doubles as "NaN"/"Infinity".
+    intValue: int | None = None
     stringValue: str | None = None
-    intValue: int | str | None = None  # proto3 JSON writes int64 as a decimal string
-    doubleValue: float | int | str | None = None  # "NaN" / "Infinity" arrive as strings
+    doubleValue: float | None = None
     boolValue: bool | None = None
-    arrayValue: msgspec.Raw | None = None  # not read by the report: left undecoded
-    kvlistValue: msgspec.Raw | None = None
+    arrayValue: _ArrayValue | None = None
+    kvlistValue: _KeyValueList | None = None
     bytesValue: str | None = None
 
 
-class _KeyValue(msgspec.Struct):
+class _KeyValue(msgspec.Struct, gc=False):
     key: str
     value: _Value | None = None
 
 
-class _Status(msgspec.Struct):
+class _ArrayValue(msgspec.Struct, gc=False):
+    values: list[_Value] = []
+
+
+class _KeyValueList(msgspec.Struct, gc=False):
+    values: list[_KeyValue] = []
+
+
+class _Status(msgspec.Struct, gc=False):
     code: int = STATUS_UNSET
     message: str = ""
 
 
-class _Span(msgspec.Struct):
+class _Span(msgspec.Struct, gc=False):
     traceId: str
     spanId: str
     name: str
-    startTimeUnixNano: int | str
-    endTimeUnixNano: int | str
+    startTimeUnixNano: int
+    endTimeUnixNano: int
     parentSpanId: str = ""
     kind: int = 0
     attributes: list[_KeyValue] = []
     status: _Status | None = None
 
 
-class _ScopeSpans(msgspec.Struct):
+class _ScopeSpans(msgspec.Struct, gc=False):
     spans: list[_Span] = []
 
 
-class _ResourceSpans(msgspec.Struct):
+class _ResourceSpans(msgspec.Struct, gc=False):
     scopeSpans: list[_ScopeSpans] = []
 
 
-class _Request(msgspec.Struct):
+class _Request(msgspec.Struct, gc=False):
     resourceSpans: list[_ResourceSpans]
 
 
-_decode = msgspec.json.Decoder(_Request).decode
+_decode = msgspec.json.Decoder(_Request, strict=False).decode
+_TYPED_REFUSALS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 
 
-class _Unusual(Exception):
-    """A line the typed path does not read exactly as the generic one: read it the generic way."""
+class StepColumns:
+    """The step spans read so far, one compact column per field (8 bytes a value), in file order.
+
+    Pools and workers are stored once, as an index into `pool_workers` (the distinct (pool, worker) pairs
+    in order of first appearance). Times in Unix ns. Not thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self.start_ns = array("q")
+        self.end_ns = array("q")
+        self.pool_worker = array("q")  # index into pool_workers
+        self.pool_workers: dict[tuple[str, str], int] = {}
+        self.decode_requests = array("q")
+        self.prefill_tokens = array("q")
+        self.context_tokens = array("q")
+        self.prefill_attention_tokens2 = array("d")  # NaN where not recorded
+        self.weight = array("d")  # steps each span stands for (splitscope.sample.weight, 1 where absent)
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def append(
+        self,
+        start_ns: int,
+        end_ns: int,
+        pool: str,
+        worker: str,
+        decode_requests: int,
+        prefill_tokens: int,
+        context_tokens: int,
+        prefill_attention_tokens2: float,
+        weight: float,
+    ) -> None:
+        """One step, already checked (tracer.report.tables checks a `Span`; `append_json` its own)."""
+        code = self.pool_workers.setdefault((pool, worker), len(self.pool_workers))
+        self.start_ns.append(start_ns)
+        self.end_ns.append(end_ns)
+        self.pool_worker.append(code)
+        self.decode_requests.append(decode_requests)
+        self.prefill_tokens.append(prefill_tokens)
+        self.context_tokens.append(context_tokens)
+        self.prefill_attention_tokens2.append(prefill_attention_tokens2)
+        self.weight.append(weight)
+
+    def append_json(self, span: _Span) -> bool:
+        """Append a decoded OTLP/JSON step span whose attributes are exactly as the contract types them
+        (pool and worker non-empty strings, token counts ints, attention work and weight numbers, weight
+        >= 1); return False, appending nothing, for anything else, so the caller hands it on as a `Span`
+        and `tracer.report.tables` reads or refuses it with its message. Values are those the `Span` path
+        would give. The hot loop of the reader: one dict lookup per attribute, no object kept."""
+        pool = worker = decode = prefill = context = attention = weight = None
+        for kv in span.attributes:
+            slot = _STEP_SLOTS.get(kv.key)
+            if slot is None:
+                continue
+            value = kv.value
+            if value is None:
+                return False
+            if slot == 0:
+                pool = value
+            elif slot == 1:
+                worker = value
+            elif slot == 2:
+                decode = value.intValue
+            elif slot == 3:
+                prefill = value.intValue
+            elif slot == 4:
+                context = value.intValue
+            elif slot == 5:
+                attention = _number(value)
+                if attention is None:
+                    return False
+            else:
+                weight = _number(value)
+                if weight is None or not weight >= 1:  # NaN or below 1: the Span path decides
+                    return False
+        if (
+            pool is None
+            or worker is None
+            or decode is None
+            or prefill is None
+            or context is None
+            or pool.intValue is not None
+            or worker.intValue is not None
+            or not pool.stringValue
+            or not worker.stringValue
+        ):
+            return False
+        self.append(
+            span.startTimeUnixNano,
+            span.endTimeUnixNano,
+            pool.stringValue,
+            worker.stringValue,
+            decode,
+            prefill,
+            context,
+            math.nan if attention is None else float(attention),
+            1.0 if weight is None else float(weight),
+        )
+        return True
 
 
-def _value(value: _Value | None):
-    if value is None:
-        raise _Unusual
+_STEP_SLOTS = {
+    ATTR_POOL: 0,
+    ATTR_WORKER: 1,
+    ATTR_STEP_DECODE_REQUESTS: 2,
+    ATTR_STEP_PREFILL_TOKENS: 3,
+    ATTR_STEP_CONTEXT_TOKENS: 4,
+    ATTR_STEP_PREFILL_ATTENTION_TOKENS2: 5,
+    ATTR_SAMPLE_WEIGHT: 6,
+}
+
+
+def _number(value: _Value) -> int | float | None:
+    """The value as the generic reader orders its fields (int, string, double, ...), if it is a number."""
     if value.intValue is not None:
-        return int(value.intValue)
+        return value.intValue
+    if value.stringValue is None and value.doubleValue is not None:
+        return value.doubleValue
+    return None
+
+
+def _value(value: _Value | None):  # type: ignore[no-untyped-def]
+    """What `tracer.traces` gives for the same JSON value (its field order; arrays as lists, key-value
+    lists as dicts). Raises nothing: the structs have checked the shape."""
+    if value is None:
+        return None
+    if value.intValue is not None:
+        return value.intValue
     if value.stringValue is not None:
         return value.stringValue
     if value.doubleValue is not None:
-        return float(value.doubleValue)
+        return value.doubleValue
     if value.boolValue is not None:
         return value.boolValue
-    raise _Unusual  # arrays, kvlists, bytes, empty values
+    if value.arrayValue is not None:
+        return [_value(item) for item in value.arrayValue.values]
+    if value.kvlistValue is not None:
+        return {kv.key: _value(kv.value) for kv in value.kvlistValue.values}
+    return value.bytesValue
+
+
+class _NotHex(ValueError):
+    """An id the generic reader refuses: the line is read again by it for its message."""
 
 
 def _hex(value: str, length: int) -> str:
     if len(value) != length:
-        raise _Unusual
+        raise _NotHex
     int(value, 16)  # ValueError when not hex
     return value.lower()
 
 
-def _spans(line: bytes) -> list[Span]:
-    request = _decode(line)
-    out = []
-    for resource_spans in request.resourceSpans:
+def _span(raw: _Span) -> Span:
+    """A non-step span (ids checked) as the report's tables read it."""
+    status = raw.status
+    return Span(
+        trace_id=_hex(raw.traceId, 32), span_id=_hex(raw.spanId, 16),
+        parent_span_id=_hex(raw.parentSpanId, 16) if raw.parentSpanId else "",
+        name=raw.name, kind=raw.kind, start_ns=raw.startTimeUnixNano, end_ns=raw.endTimeUnixNano,
+        attributes={kv.key: _value(kv.value) for kv in raw.attributes}, resource={},
+        status_code=status.code if status is not None else STATUS_UNSET,
+        status_message=status.message if status is not None else "",
+    )  # fmt: skip
+
+
+def _step_span(raw: _Span) -> Span:
+    """A step span `StepColumns.append_json` refused, for the tables to read or name what is wrong; its
+    ids are not read by the report, so they are passed through unchecked."""
+    return Span(
+        trace_id=raw.traceId, span_id=raw.spanId, parent_span_id=raw.parentSpanId, name=raw.name,
+        kind=raw.kind, start_ns=raw.startTimeUnixNano, end_ns=raw.endTimeUnixNano,
+        attributes={kv.key: _value(kv.value) for kv in raw.attributes}, resource={},
+    )  # fmt: skip
+
+
+def _typed_line(line: bytes) -> list[_Span | Span]:
+    """A JSON line's spans in order: step spans as decoded structs, the others as `Span`s. Raises one of
+    _TYPED_REFUSALS when the line must be read the generic way; builds nothing for the columns yet, so a
+    refused line leaves no half of itself behind."""
+    out: list[_Span | Span] = []
+    for resource_spans in _decode(line).resourceSpans:
         for scope_spans in resource_spans.scopeSpans:
             for raw in scope_spans.spans:
-                status = raw.status
-                out.append(Span(
-                    trace_id=_hex(raw.traceId, 32), span_id=_hex(raw.spanId, 16),
-                    parent_span_id=_hex(raw.parentSpanId, 16) if raw.parentSpanId else "",
-                    name=raw.name, kind=raw.kind,
-                    start_ns=int(raw.startTimeUnixNano), end_ns=int(raw.endTimeUnixNano),
-                    attributes={kv.key: _value(kv.value) for kv in raw.attributes}, resource={},
-                    status_code=status.code if status is not None else STATUS_UNSET,
-                    status_message=status.message if status is not None else "",
-                ))  # fmt: skip
+                out.append(raw if raw.name == SPAN_STEP else _span(raw))
     return out
 
 
 def iter_report_spans(
-    paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = False, stats: ReadStats | None = None
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    skip_bad: bool = False,
+    stats: ReadStats | None = None,
+    steps: StepColumns | None = None,
 ) -> Iterator[Span]:
-    """`tracer.traces.iter_spans` for the report: the same spans, lines, errors and counts, but without
-    events or resource attributes, several times faster."""
+    """The spans of `paths` the report reads, in file order; with `steps`, well-formed OTLP/JSON step spans
+    are appended to it instead of being yielded (the others, steps included, are yielded as `Span`s).
+
+    Lines (records), spans, errors and `skip_bad` counts are those of `tracer.traces.iter_spans`, except that
+    step spans' ids are not checked. Raises TraceFileError naming file and line (record).
+    """
     stats = stats if stats is not None else ReadStats()
     for path in paths:
-        with open(path, "rb") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                stats.lines += 1
+        for trace_format, number, record in iter_good_records(path, skip_bad=skip_bad, stats=stats):
+            typed: list[_Span | Span] | None = None
+            if trace_format is TraceFormat.OTLP_JSON:
                 try:
-                    batch = _spans(line)
-                except (msgspec.DecodeError, msgspec.ValidationError, _Unusual, ValueError, TypeError):
-                    try:
-                        batch = list(spans_from_request(orjson.loads(line)))
-                    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                        error = TraceFileError(str(path), line_number, _describe(exc))
-                        if not skip_bad:
-                            raise error from None
-                        stats.skipped_lines += 1
-                        stats.first_error = stats.first_error or error
-                        continue
-                stats.spans += len(batch)
-                yield from batch
+                    typed = _typed_line(record)
+                except _TYPED_REFUSALS:
+                    typed = None
+            if typed is None:
+                try:
+                    generic = spans_from_record(trace_format, record)
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    record_error(TraceFileError(str(path), number, _describe(exc)), skip_bad, stats)
+                    continue
+                stats.spans += len(generic)
+                yield from generic
+                continue
+            stats.spans += len(typed)
+            for item in typed:
+                if isinstance(item, Span):
+                    yield item
+                elif steps is None or not steps.append_json(item):
+                    yield _step_span(item)

@@ -1,7 +1,8 @@
 """Trace spans -> per-request, per-step and per-transfer columns (numpy), and the current layout.
 
-One pass over the trace files (`tracer.report.read`: typed decoding of what the report reads); only the attributes the report uses are kept, in flat lists
-turned into arrays at the end, so a million spans fit in a few hundred MB. Blocking file I/O.
+One pass over the trace files (`tracer.report.read`: OTLP/JSON lines or OTLP protobuf, decoding only what
+the report reads; step spans go straight into compact columns). Only the attributes the report uses are
+kept, turned into arrays at the end, so a million spans fit in a few hundred MB. Blocking file I/O.
 
 A span that lacks an attribute the report needs (or carries one of the wrong type) is a bad record:
 `TraceDataError` names the file, the record's line, the span and the attribute; with `skip_bad` it is
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from tracer import spans as s
-from tracer.report.read import iter_report_spans
+from tracer.report.read import StepColumns, iter_report_spans
 from tracer.sidecar import vllm
 from tracer.traces import (
     SPAN_KIND_SERVER,
@@ -224,7 +225,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     missing what the report needs) unless `skip_bad`, which skips and counts them."""
     total = ReadStats()
     requests: dict[str, _Request] = {}
-    steps: tuple[list, ...] = ([], [], [], [], [], [], [], [], [])
+    steps = StepColumns()
     workers: dict[str, set[str]] = {}
     models: set[str] = set()
     skipped = 0
@@ -232,9 +233,9 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     for path in paths:
         stats = ReadStats()
         try:
-            for span in iter_report_spans([path], skip_bad=skip_bad, stats=stats):
+            for span in iter_report_spans([path], skip_bad=skip_bad, stats=stats, steps=steps):
                 try:
-                    _take(span, requests, steps, workers, models, f"{path}:{stats.lines}")
+                    _take(span, requests, steps, workers, models, f"{path}:{stats.record}")
                 except TraceDataError as exc:
                     if not skip_bad:
                         raise
@@ -246,19 +247,11 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
         total.spans += stats.spans
         total.skipped_lines += stats.skipped_lines
         total.first_error = total.first_error or stats.first_error
+    for pool, worker in steps.pool_workers:  # the layout the steps read straight into columns saw
+        workers.setdefault(pool, set()).add(worker)
     return TraceData(
         requests=_request_table(requests),
-        steps=StepTable(
-            start_ns=np.asarray(steps[0], dtype=np.int64),
-            duration_s=np.asarray(steps[1], dtype=float),
-            pool=np.asarray(steps[2], dtype=object),
-            worker=np.asarray(steps[3], dtype=object),
-            decode_requests=np.asarray(steps[4], dtype=np.int64),
-            prefill_tokens=np.asarray(steps[5], dtype=np.int64),
-            context_tokens=np.asarray(steps[6], dtype=np.int64),
-            prefill_attention_tokens2=np.asarray(steps[7], dtype=float),
-            weight=np.asarray(steps[8], dtype=float),
-        ),
+        steps=_step_table(steps),
         transfers=_transfer_table(requests),
         workers={pool: sorted(names) for pool, names in workers.items()},
         models=sorted(models),
@@ -272,27 +265,25 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
 def _take(
     span: Span,
     requests: dict[str, _Request],
-    steps: tuple[list, ...],
+    steps: StepColumns,
     workers: dict[str, set[str]],
     models: set[str],
     where: str,
 ) -> None:
     name = span.name
-    if name == s.SPAN_STEP:
+    if name == s.SPAN_STEP:  # a step the reader did not put into the columns itself: checked here
         pool, worker = _pool_worker(span, where, workers)
-        row = (
+        steps.append(
             span.start_ns,
-            (span.end_ns - span.start_ns) / 1e9,
+            span.end_ns,
             pool,
             worker,
             int(_number(span, s.ATTR_STEP_DECODE_REQUESTS, where)),
             int(_number(span, s.ATTR_STEP_PREFILL_TOKENS, where)),
             int(_number(span, s.ATTR_STEP_CONTEXT_TOKENS, where)),
-            _number(span, s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False),
+            float(_number(span, s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2, where, False)),
             _step_weight(span, where),
         )
-        for column, value in zip(steps, row):
-            column.append(value)
         return
     # The request span: the router's SERVER span (its parent, when present, is the client's span), or
     # vLLM's own `llm_request` span passed through by the sidecar's adapter with our stage spans under it.
@@ -349,6 +340,25 @@ def _take(
             _number(span, s.ATTR_DECODE_ITL_P99_S, where, False),
             _number(span, s.ATTR_DECODE_ITL_MAX_S, where, False),
         )
+
+
+def _step_table(steps: StepColumns) -> StepTable:
+    start_ns = np.array(steps.start_ns, dtype=np.int64)
+    pairs = list(steps.pool_workers)  # in index order
+    pools = np.array([pool for pool, _ in pairs] or [""], dtype=object)
+    workers = np.array([worker for _, worker in pairs] or [""], dtype=object)
+    codes = np.array(steps.pool_worker, dtype=np.intp)
+    return StepTable(
+        start_ns=start_ns,
+        duration_s=(np.array(steps.end_ns, dtype=np.int64) - start_ns) / 1e9,
+        pool=pools[codes],
+        worker=workers[codes],
+        decode_requests=np.array(steps.decode_requests, dtype=np.int64),
+        prefill_tokens=np.array(steps.prefill_tokens, dtype=np.int64),
+        context_tokens=np.array(steps.context_tokens, dtype=np.int64),
+        prefill_attention_tokens2=np.array(steps.prefill_attention_tokens2, dtype=float),
+        weight=np.array(steps.weight, dtype=float),
+    )
 
 
 def _join_disaggregated_halves(one: tuple, other: tuple) -> tuple:
