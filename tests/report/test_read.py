@@ -3,6 +3,7 @@ spans read straight into columns give exactly the tables the generic reader give
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from array import array
 
 import numpy as np
 import pytest
+from google.protobuf import json_format
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -74,7 +76,8 @@ def test_steps_read_into_columns_equal_the_generic_readers_tables(scenario_trace
 
 
 def test_unusual_step_attributes_read_as_the_generic_reader_reads_them(tmp_path, monkeypatch):
-    """Every way a step span can leave the fast path: the tables still equal the generic reader's."""
+    """Every way a step span can leave the fast path, in OTLP/JSON and in protobuf: the tables still equal
+    the generic reader's."""
     sc = scenario("long-prompts", n_requests=40)
     path, odd = tmp_path / "t.jsonl", tmp_path / "odd.jsonl"
     write_traces(path, sc.layout, sc.workload, sc.costs, options=TraceOptions(spans_per_line=64))
@@ -105,6 +108,20 @@ def test_unusual_step_attributes_read_as_the_generic_reader_reads_them(tmp_path,
 
     _rewrite(path, odd, change)
     _assert_same_tables(load_traces([odd]), _generic_load(monkeypatch, [odd]))
+    # The same spans as protobuf records (ids from hex to bytes, the rest by the protobuf JSON mapping).
+    proto = tmp_path / "odd.pb"
+    with open(odd, "rb") as source, open(proto, "wb") as sink:
+        for line in source:
+            request = json.loads(line)
+            for resource_spans in request["resourceSpans"]:
+                for scope_spans in resource_spans["scopeSpans"]:
+                    for span in scope_spans["spans"]:
+                        for key in ("traceId", "spanId", "parentSpanId"):
+                            if span.get(key):
+                                span[key] = base64.b64encode(bytes.fromhex(span[key])).decode()
+            sink.write(_frame(json_format.ParseDict(request, TracesData()).SerializeToString()))
+    _assert_same_tables(load_traces([proto]), _generic_load(monkeypatch, [proto]))
+    _assert_same_tables(load_traces([proto]), load_traces([odd]))
 
 
 @pytest.mark.parametrize(
@@ -201,12 +218,13 @@ def json_and_proto(tmp_path_factory):
     return json_path, proto_path, len(spans), len(records)
 
 
-def test_a_protobuf_file_reads_the_same_requests_as_the_json_file(json_and_proto):
+def test_a_protobuf_file_reads_the_same_requests_as_the_json_file(json_and_proto, monkeypatch):
     json_path, proto_path, n_spans, n_records = json_and_proto
     from_json, from_proto = load_traces([json_path]), load_traces([proto_path])
     assert len(from_json.requests) == 24 and len(from_json.steps) > 24
     assert from_proto.read.spans == n_spans and from_proto.read.lines == n_records
     _assert_same_tables(from_proto, from_json)
+    _assert_same_tables(from_proto, _generic_load(monkeypatch, [proto_path]))  # protobuf steps into columns
     assert from_proto.requests.output_tokens.tolist() == [3 + i % 4 for i in range(24)]
 
 

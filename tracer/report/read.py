@@ -23,6 +23,7 @@ import math
 import os
 from array import array
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import msgspec
 
@@ -43,8 +44,11 @@ from tracer.traces import (
     TraceFileError,
     TraceFormat,
     _describe,
+    _proto_attributes,
     iter_good_records,
+    parse_proto,
     record_error,
+    span_from_proto,
     spans_from_record,
 )
 
@@ -197,20 +201,72 @@ class StepColumns:
             or not worker.stringValue
         ):
             return False
+        # `append`, inlined: this runs once per step span.
+        pool_workers = self.pool_workers
+        key = (pool.stringValue, worker.stringValue)
+        code = pool_workers.get(key)
+        if code is None:
+            code = pool_workers[key] = len(pool_workers)
+        self.start_ns.append(span.startTimeUnixNano)
+        self.end_ns.append(span.endTimeUnixNano)
+        self.pool_worker.append(code)
+        self.decode_requests.append(decode)
+        self.prefill_tokens.append(prefill)
+        self.context_tokens.append(context)
+        self.prefill_attention_tokens2.append(math.nan if attention is None else attention)
+        self.weight.append(1.0 if weight is None else weight)
+        return True
+
+    def append_proto(self, span: Any) -> bool:
+        """`append_json` for an opentelemetry-proto `Span` (a step span of a protobuf record)."""
+        pool = worker = decode = prefill = context = attention = weight = None
+        for kv in span.attributes:
+            slot = _STEP_SLOTS.get(kv.key)
+            if slot is None:
+                continue
+            value = kv.value
+            which = value.WhichOneof("value")
+            if slot <= 1:
+                if which != "string_value" or not value.string_value:
+                    return False
+                if slot == 0:
+                    pool = value.string_value
+                else:
+                    worker = value.string_value
+            elif slot <= 4:
+                if which != "int_value":
+                    return False
+                if slot == 2:
+                    decode = value.int_value
+                elif slot == 3:
+                    prefill = value.int_value
+                else:
+                    context = value.int_value
+            elif which not in _PROTO_NUMBERS:
+                return False
+            elif slot == 5:
+                attention = getattr(value, which)
+            else:
+                weight = getattr(value, which)
+                if not weight >= 1:  # NaN or below 1: the Span path decides
+                    return False
+        if pool is None or worker is None or decode is None or prefill is None or context is None:
+            return False
         self.append(
-            span.startTimeUnixNano,
-            span.endTimeUnixNano,
-            pool.stringValue,
-            worker.stringValue,
+            span.start_time_unix_nano,
+            span.end_time_unix_nano,
+            pool,
+            worker,
             decode,
             prefill,
             context,
-            math.nan if attention is None else float(attention),
-            1.0 if weight is None else float(weight),
+            math.nan if attention is None else attention,
+            1.0 if weight is None else weight,
         )
         return True
 
 
+_PROTO_NUMBERS = frozenset(("int_value", "double_value"))
 _STEP_SLOTS = {
     ATTR_POOL: 0,
     ATTR_WORKER: 1,
@@ -285,6 +341,26 @@ def _step_span(raw: _Span) -> Span:
     )  # fmt: skip
 
 
+def _proto_step_span(raw: Any) -> Span:
+    """`_step_span` for an opentelemetry-proto `Span`."""
+    return Span(
+        trace_id=raw.trace_id.hex(), span_id=raw.span_id.hex(), parent_span_id=raw.parent_span_id.hex(),
+        name=raw.name, kind=raw.kind, start_ns=raw.start_time_unix_nano, end_ns=raw.end_time_unix_nano,
+        attributes=_proto_attributes(raw.attributes), resource={},
+    )  # fmt: skip
+
+
+def _typed_proto(record: bytes) -> list[Any]:
+    """`_typed_line` for a protobuf record: step spans as opentelemetry-proto messages, the others as
+    `Span`s. Raises ValueError for a record to be read the generic way (for its message)."""
+    out: list[Any] = []
+    for resource_spans in parse_proto(record).resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for raw in scope_spans.spans:
+                out.append(raw if raw.name == SPAN_STEP else span_from_proto(raw, {}, events=False))
+    return out
+
+
 def _typed_line(line: bytes) -> list[_Span | Span]:
     """A JSON line's spans in order: step spans as decoded structs, the others as `Span`s. Raises one of
     _TYPED_REFUSALS when the line must be read the generic way; builds nothing for the columns yet, so a
@@ -313,12 +389,12 @@ def iter_report_spans(
     stats = stats if stats is not None else ReadStats()
     for path in paths:
         for trace_format, number, record in iter_good_records(path, skip_bad=skip_bad, stats=stats):
-            typed: list[_Span | Span] | None = None
-            if trace_format is TraceFormat.OTLP_JSON:
-                try:
-                    typed = _typed_line(record)
-                except _TYPED_REFUSALS:
-                    typed = None
+            typed: list[Any] | None = None
+            json = trace_format is TraceFormat.OTLP_JSON
+            try:
+                typed = _typed_line(record) if json else _typed_proto(record)
+            except _TYPED_REFUSALS:
+                typed = None
             if typed is None:
                 try:
                     generic = spans_from_record(trace_format, record)
@@ -329,8 +405,9 @@ def iter_report_spans(
                 yield from generic
                 continue
             stats.spans += len(typed)
+            append = None if steps is None else steps.append_json if json else steps.append_proto
             for item in typed:
                 if isinstance(item, Span):
                     yield item
-                elif steps is None or not steps.append_json(item):
-                    yield _step_span(item)
+                elif append is None or not append(item):
+                    yield _step_span(item) if json else _proto_step_span(item)
