@@ -1,13 +1,16 @@
 """Report scale: a trace file of about a million spans to a verdict (target <= 15 s, <= 1 GiB peak).
 
-    .venv/bin/python bench/report_scale.py [--spans 1000000] [--keep DIR] [--compare-generic-reader]
+    .venv/bin/python bench/report_scale.py [--spans 1000000] [--keep DIR] [--compare-generic-reader] [--proto]
 
 Generates the file from a ground-truth cost model (tracer.report.synthetic; not timed), then runs
 `build_report` in a fresh child process and prints its wall time, peak RSS, the share spent reading the
 file (tracer.report.read + our column extraction) and spans per second, all measured in this run.
 `--compare-generic-reader` also runs the report with the generic reader (tracer.traces.iter_spans: a Span
 with every attribute for every span), one child after the other, prints the load-time ratio of the two and
-checks that both give the same verdict and the same goodput table.
+checks that both give the same verdict and the same goodput table. `--proto` also writes the same spans as
+the OpenTelemetry Collector file exporter's `format: proto` file (4-byte big-endian length, then a
+`TracesData` message; not timed), runs the report on it and checks it gives the same verdict and goodput.
+The machine's load average is printed before and after: the figures are only as quiet as the machine.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import orjson
 
 from tracer.report.simulate import Layout
 from tracer.report.synthetic import ground_truth_costs, synthetic_workload, write_traces
@@ -59,6 +64,7 @@ def main() -> None:
     parser.add_argument("--spans", type=int, default=1_000_000)
     parser.add_argument("--keep", type=Path, help="folder to keep (and reuse) the generated trace file in")
     parser.add_argument("--compare-generic-reader", action="store_true")
+    parser.add_argument("--proto", action="store_true", help="also read the same spans as a protobuf file")
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="report-scale-"))
     folder.mkdir(parents=True, exist_ok=True)
@@ -71,6 +77,7 @@ def main() -> None:
         print(
             f"generated {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - started:.1f} s (not part of the figures)"
         )
+    print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1, 5, 15 min)")
     figures = _child(path, "typed")
     print(
         f"file: {path.stat().st_size / 2**20:.0f} MiB, {figures['spans']} spans ({figures['requests']} requests, {figures['steps']} steps)"
@@ -93,6 +100,70 @@ def main() -> None:
         )
         same = figures["verdict"] == generic["verdict"] and figures["goodput"] == generic["goodput"]
         print(f"same verdict and goodput table with both readers: {'yes' if same else 'NO'}")
+    if args.proto:
+        proto_path = path.with_suffix(".pb")
+        if not proto_path.exists():
+            _write_proto(path, proto_path)
+        proto = _child(proto_path, "typed")
+        same = figures["verdict"] == proto["verdict"] and figures["goodput"] == proto["goodput"]
+        print(
+            f"protobuf file: {proto_path.stat().st_size / 2**20:.0f} MiB, load {proto['load_s']:.1f} s "
+            f"({proto['spans'] / proto['load_s']:,.0f} spans/s), total {proto['total_s']:.1f} s, peak RSS "
+            f"{proto['peak_rss_bytes'] / 2**30:.2f} GiB; same verdict and goodput table as OTLP/JSON: {'yes' if same else 'NO'}"
+        )
+    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def _write_proto(source: Path, target: Path) -> None:
+    """Every OTLP/JSON line of `source` as one length-prefixed TracesData record (the collector file
+    exporter's framing), built field by field with the opentelemetry-proto messages."""
+    from opentelemetry.proto.trace.v1.trace_pb2 import TracesData
+
+    started = time.perf_counter()
+    with open(source, "rb") as lines, open(target, "wb") as out:
+        for line in lines:
+            message = TracesData()
+            for resource_spans in orjson.loads(line)["resourceSpans"]:
+                proto_resource_spans = message.resource_spans.add()
+                _set_attributes(proto_resource_spans.resource.attributes, resource_spans["resource"]["attributes"])
+                for scope_spans in resource_spans["scopeSpans"]:
+                    proto_scope_spans = proto_resource_spans.scope_spans.add()
+                    for span in scope_spans["spans"]:
+                        _add_span(proto_scope_spans.spans.add(), span)
+            record = message.SerializeToString()
+            out.write(len(record).to_bytes(4, "big") + record)
+    print(
+        f"wrote {target.stat().st_size / 2**20:.0f} MiB of protobuf in {time.perf_counter() - started:.1f} s (not timed)"
+    )
+
+
+def _add_span(proto, span: dict) -> None:  # type: ignore[no-untyped-def]
+    proto.trace_id = bytes.fromhex(span["traceId"])
+    proto.span_id = bytes.fromhex(span["spanId"])
+    proto.parent_span_id = bytes.fromhex(span.get("parentSpanId", ""))
+    proto.name = span["name"]
+    proto.kind = span["kind"]
+    proto.start_time_unix_nano = int(span["startTimeUnixNano"])
+    proto.end_time_unix_nano = int(span["endTimeUnixNano"])
+    proto.status.code = span.get("status", {}).get("code", 0)
+    _set_attributes(proto.attributes, span["attributes"])
+    for event in span.get("events", ()):
+        proto_event = proto.events.add(name=event["name"], time_unix_nano=int(event["timeUnixNano"]))
+        _set_attributes(proto_event.attributes, event["attributes"])
+
+
+def _set_attributes(proto, attributes: list) -> None:  # type: ignore[no-untyped-def]
+    for kv in attributes:
+        value = proto.add(key=kv["key"]).value
+        ((field, raw),) = kv["value"].items()  # the synthetic writer uses these four kinds
+        if field == "intValue":
+            value.int_value = int(raw)
+        elif field == "doubleValue":
+            value.double_value = float(raw)
+        elif field == "boolValue":
+            value.bool_value = raw
+        else:
+            value.string_value = raw
 
 
 def _child(path: Path, reader: str) -> dict:

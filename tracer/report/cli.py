@@ -118,7 +118,10 @@ def report_command(
     fmt,
     output,
 ) -> None:  # type: ignore[no-untyped-def]
-    """Read OTLP/JSON TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge."""
+    """Read TRACES and decide: stay colocated, enable chunked prefill, split (P:D), rebalance or merge.
+
+    TRACES are OTLP/JSON lines or the OpenTelemetry Collector file exporter's protobuf files (`format:
+    proto`), recognised by content."""
     from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
     from tracer.report.prometheus import PrometheusError, pool_evidence
     from tracer.report.render import headline, render
