@@ -39,7 +39,8 @@ STATUS_ERROR = 2
 
 
 class TraceFileError(ValueError):
-    """A trace file line that is not a valid OTLP/JSON export request; names the file and line."""
+    """A trace file record (an OTLP/JSON line, a protobuf record) that is not a valid OTLP export request;
+    names the file and the line (record number)."""
 
     def __init__(self, path: str, line_number: int, reason: str) -> None:
         super().__init__(f"{path}:{line_number}: {reason}")
@@ -367,7 +368,7 @@ def iter_spans(
     """
     stats = stats if stats is not None else ReadStats()
     for path in paths:
-        for trace_format, number, record in iter_good_records(path, skip_bad=skip_bad, stats=stats, growing=growing):
+        for trace_format, number, record in iter_counted_records(path, skip_bad=skip_bad, stats=stats, growing=growing):
             try:
                 batch = spans_from_record(trace_format, record)
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -377,7 +378,7 @@ def iter_spans(
             yield from batch
 
 
-def iter_good_records(
+def iter_counted_records(
     path: str | os.PathLike[str], *, skip_bad: bool, stats: ReadStats, growing: bool = False
 ) -> Iterator[tuple[TraceFormat, int, bytes]]:
     """`iter_records`, counting records in `stats`; a broken framing raises TraceFileError, or with

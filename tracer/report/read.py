@@ -1,6 +1,6 @@
 """The report's trace reader: every record of the trace files, decoded into only what the report reads.
 
-Records come from `tracer.traces.iter_good_records` (OTLP/JSON lines or the collector's length-prefixed
+Records come from `tracer.traces.iter_counted_records` (OTLP/JSON lines or the collector's length-prefixed
 protobuf, told apart by content). Step spans are most of a trace file (one per engine iteration, about 90%
 of a million spans), so an OTLP/JSON step span that is well formed goes straight into `StepColumns`: no
 `Span`, no attribute dict, no per-span object kept; its ids, events and the attributes the report does not
@@ -45,7 +45,7 @@ from tracer.traces import (
     TraceFormat,
     _describe,
     _proto_attributes,
-    iter_good_records,
+    iter_counted_records,
     parse_proto,
     record_error,
     span_from_proto,
@@ -388,7 +388,7 @@ def iter_report_spans(
     """
     stats = stats if stats is not None else ReadStats()
     for path in paths:
-        for trace_format, number, record in iter_good_records(path, skip_bad=skip_bad, stats=stats):
+        for trace_format, number, record in iter_counted_records(path, skip_bad=skip_bad, stats=stats):
             typed: list[Any] | None = None
             json = trace_format is TraceFormat.OTLP_JSON
             try:
