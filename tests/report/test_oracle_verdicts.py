@@ -52,7 +52,7 @@ def test_full_traces_reach_the_oracles_verdict(oracle_traces, name, seed):
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.current.kind != "split"])
+@pytest.mark.parametrize("name", list(CASES))
 def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_traces, name, seed):
     seen, _, vllm_shaped = oracle_traces(name, seed, MARGIN)
     report = build_report([vllm_shaped], oracle_options(seen))
