@@ -3,18 +3,22 @@ shares no code with the report, whose own goodput search over every layout says 
 
 For each workload and three workload seeds, the oracle serves the current deployment, its traces go to
 the report in two shapes (our full traces; stock vLLM's `llm_request` spans through one real sidecar per
-engine), and the report must reach the verdict the truth calls for, with the split ratio within one
-worker and the chunk budget within a power of two of the truly best ones. On vLLM-shaped spans it must
-also list what it estimated and measure SLO attainment within 5 points of the oracle's.
+engine, a P/D pair of them per request when the deployment is split), and the report must reach the
+verdict the truth calls for, with the split ratio within one worker and the chunk budget within a power
+of two of the truly best ones. On vLLM-shaped spans it must also list what it estimated and measure SLO
+attainment within 5 points of the oracle's; given the engine's /metrics capture (`--metrics-file`) too,
+it counts the gaps over the SLO from vLLM's own histogram and says so.
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tests.oracle.cases import CASES
+from tests.oracle.metrics_capture import write_vllm_metrics
 from tests.oracle.observe import Observed
 from tests.report.conftest import oracle_options
 from tracer.report.build import Report, build_report
@@ -64,3 +68,35 @@ def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_trace
     slo = seen.case.slo
     truth = seen.run.attainment(slo.ttft_s, slo.itl_s, slo.itl_stat)
     assert report.measured.attainment == pytest.approx(truth, abs=0.05)
+
+
+def _oracle_gap_stats(seen: Observed, stat: str) -> np.ndarray:
+    return np.array([r.itl_s(stat) for r in seen.run.requests if r.output_tokens > 1])
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_chunked_engines_gaps_are_estimated_as_chunks_not_whole_prefill_stalls(oracle_traces, seed):
+    seen, _, vllm_shaped = oracle_traces("chunked-deployed", seed, MARGIN)
+    report = build_report([vllm_shaped], oracle_options(seen))
+    assert any("chunked prefill" in line and "ESTIMATED" in line for line in report.assumptions), report.assumptions
+    assert any("deployed chunk budget is INFERRED" in line for line in report.assumptions), report.assumptions
+    truth = _oracle_gap_stats(seen, seen.case.slo.itl_stat)
+    for q in ("p50", "p90"):
+        oracle = float(np.percentile(truth, int(q[1:])))
+        assert report.measured.itl_s[q] == pytest.approx(oracle, rel=0.25), (q, report.measured.itl_s, oracle)
+
+
+@pytest.mark.parametrize("name", ["chunked-deployed", "medium-max-gap"])
+def test_the_engines_metrics_count_the_gaps_over_the_slo(oracle_traces, tmp_path, name):
+    seen, _, vllm_shaped = oracle_traces(name, SEEDS[0], MARGIN)
+    capture = tmp_path / "metrics.txt"
+    write_vllm_metrics(capture, seen.run)
+    report = build_report([vllm_shaped], oracle_options(seen, metrics_file=str(capture)))
+    _assert_matches_the_truth(seen, report)
+    gaps = sum(len(r.gaps_s) for r in seen.run.requests)
+    assert any(line.startswith("from the metrics file") and f"{gaps} gaps" in line for line in report.assumptions)
+    assert any("counted from vllm:inter_token_latency_seconds" in line for line in report.assumptions)
+    slo = seen.case.slo
+    assert report.measured.attainment == pytest.approx(
+        seen.run.attainment(slo.ttft_s, slo.itl_s, slo.itl_stat), abs=0.05
+    )
