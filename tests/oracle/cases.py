@@ -60,7 +60,7 @@ CASES = {
     # prefill runs in several steps, each shared with every running decode; it stays on.
     "chunked-deployed": Case(
         "chunked-deployed",
-        Deployment("chunked", workers=2, budget_tokens=256),
+        Deployment("chunked", workers=2, budget_tokens=128),
         FAST,
         Slo(1.5, 0.08, "max"),
         (500, 1500),

@@ -35,33 +35,34 @@ def _span_count(path: Path) -> int:
     return sum(1 for _ in iter_spans([path], skip_bad=True)) if path.exists() else 0
 
 
-def _engines(run: Run, seed: int) -> list[tuple[str, str, str, list[str]]]:
-    """(pool, worker name, mode, lines) per engine instance."""
+def _engines(run: Run, seed: int, mode: str | None) -> list[tuple[str, str, str, list[str]]]:
+    """(pool, worker name, mode, lines) per engine instance; `mode` overrides a single pool's `--mode`."""
     if run.deployment.kind == "split":
         prefix = {Pool.PREFILL: "vllm-p", Pool.DECODE: "vllm-d"}
         return [
             (pool, f"{prefix[pool]}{worker}", Mode.DISAGGREGATED, lines)
             for (pool, worker), lines in vllm_pd_lines(run, seed).items()
         ]
-    mode = Mode.CHUNKED if run.deployment.kind == "chunked" else Mode.COLOCATED
+    mode = mode or (Mode.CHUNKED if run.deployment.kind == "chunked" else Mode.COLOCATED)
     return [
         (Pool.COLOCATED, f"vllm-{worker}", mode, vllm_request_lines(run, worker, seed))
         for worker in range(run.deployment.workers)
     ]
 
 
-def write_via_sidecars(path: Path, run: Run, seed: int) -> None:
-    """Blocks until every request's span and stage spans are in `path`."""
+def write_via_sidecars(path: Path, run: Run, seed: int, mode: str | None = None) -> None:
+    """Blocks until every request's span and stage spans are in `path`. `mode`: the sidecars' `--mode`
+    for a single pool (default: the deployment's own, as its operator would pass it)."""
     sidecars = []
     try:
-        for pool, worker, mode, lines in _engines(run, seed):
+        for pool, worker, engine_mode, lines in _engines(run, seed, mode):
             config = SidecarConfig(
                 http_port=0,
                 grpc_port=None,
                 traces_file=str(path),
                 pool=pool,
                 worker=worker,
-                mode=mode,
+                mode=engine_mode,
                 gpu=False,
                 environ={},
             )
