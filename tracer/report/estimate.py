@@ -309,7 +309,8 @@ def estimate_gaps(requests: RequestTable, chunked_costs: StepCosts | None = None
     ran in its window. Chunked (`chunked_costs`, the chunked step estimate): the steps under prefill windows
     each as long as that time over their count, the others decode-only (`_chunked_split`)."""
     n = len(requests)
-    out = EstimatedGaps(*(np.full(n, np.nan) for _ in range(4)), [np.zeros(0)] * n)
+    p50, p99, biggest, mean = (np.full(n, np.nan) for _ in range(4))
+    out = EstimatedGaps(p50, p99, biggest, mean, [np.zeros(0)] * n)
     if chunked_costs is not None:
         chunked = chunked_overlap(requests)
         plain, mixed = _chunked_split(chunked, chunked_costs)
