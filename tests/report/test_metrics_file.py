@@ -7,6 +7,7 @@ itself from samples whose quantiles numpy computes.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,19 @@ def test_a_bad_metrics_file_is_one_clear_error(tmp_path, content, says):
     assert result.exit_code != 0
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("Error: metrics file") and says in lines[0], result.output
+
+
+def test_the_report_command_takes_a_real_capture_and_says_what_it_took(scenario_traces, tmp_path):
+    sc, traces, _ = scenario_traces("wrong-split")
+    out = tmp_path / "report.json"
+    args = [str(traces), "--slo-ttft", str(sc.slo_ttft_s), "--slo-itl", str(sc.slo_itl_s), "--sim-requests", "100",
+            "--confidence-resamples", "0", "--metrics-file", str(VLLM_CAPTURE), "--format", "json", "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(report_command, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    text = VLLM_CAPTURE.read_text()
+    gaps = _sample_total(text, f"{VLLM_GAP_FAMILIES[0]}_count")
+    steps = _sample_total(text, f"{VLLM_STEP_TOKENS_FAMILY}_count")
+    assert any(f"({VLLM_GAP_FAMILIES[0]}, {gaps:.0f} gaps)" in line for line in report["evidence"]), report["evidence"]
+    assert any(f"({VLLM_STEP_TOKENS_FAMILY}, {steps:.0f} steps)" in line for line in report["evidence"])
+    assert any(line.startswith(f"from the metrics file {VLLM_CAPTURE}") for line in report["assumptions"])

@@ -109,7 +109,9 @@ def test_the_engines_metrics_keep_attainment_where_the_estimate_is_right(oracle_
     assert report.measured.attainment == pytest.approx(_attainment(seen), abs=0.05)
 
 
-def test_the_engines_metrics_correct_attainment_where_the_estimate_is_wrong(oracle_traces, tmp_path):
+def test_the_engines_metrics_correct_attainment_and_fail_the_model_check_where_the_estimate_is_wrong(
+    oracle_traces, tmp_path
+):
     # A chunked engine whose sidecar was not told (`--mode` left at colocated): the estimate takes each
     # prefill window for one stall of every decode inside it, and most requests seem to miss a max-gap SLO
     # they meet. vLLM's own gap histogram says how many gaps truly exceed it.
@@ -120,3 +122,7 @@ def test_the_engines_metrics_correct_attainment_where_the_estimate_is_wrong(orac
     assert abs(estimated_only.measured.attainment - _attainment(seen)) > 0.05  # the estimate alone is wrong here
     report = _with_metrics(seen, untold, tmp_path / "metrics.txt")
     assert report.measured.attainment == pytest.approx(_attainment(seen), abs=0.05)
+    # And the model replayed on the deployment as the report took it (whole prefills) predicts long gaps
+    # the engine's histogram does not have: the report does not trust its own verdict.
+    assert report.verdict == Verdict.INSUFFICIENT_DATA, report.evidence
+    assert any("misses the engine's own gaps" in line for line in report.evidence), report.evidence

@@ -27,7 +27,13 @@ from tracer.report.estimate import (
 )
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.metrics_file import EngineMetrics, metrics_evidence, metrics_sources, read_metrics_file
+from tracer.report.metrics_file import (
+    EngineMetrics,
+    Histogram,
+    metrics_evidence,
+    metrics_sources,
+    read_metrics_file,
+)
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, StepCosts, TransferCosts, Workload, simulate
 from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.vocabulary import Verdict
@@ -227,6 +233,7 @@ class _Findings:
     evidence: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # why no decision can be made at all
+    engine_metrics: EngineMetrics | None = None  # --metrics-file
 
     def report(self, verdict: str, reasons: Sequence[str] = (), **fields: Any) -> Report:
         """The Report: these findings plus the decision's own fields (keywords of Report)."""
@@ -266,7 +273,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
     found.evidence += _evidence(found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final,
                                 window_results)  # fmt: skip
-    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
+    gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
+    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram)
     if check:
         found.evidence.append(_model_check_line(check, slo))
     decided: dict[str, Any] = dict(goodput=goodput, network=network, windows=window_results)
@@ -377,6 +385,7 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
     return _Findings(
         data, options, requests, current, step_fit, prefill_fit, transfer_fit, transfer, gpus,
         _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measured, read, evidence, assumptions, missing,
+        engine_metrics,
     )  # fmt: skip
 
 
@@ -493,6 +502,12 @@ def _model_check_line(check: dict[str, float], slo: SLO) -> str:
         f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
         f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
         f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
+        + "".join(
+            f"; every gap's p{q} predicted {check[f'predicted_gap_p{q}_s']:.3g} s vs the engine's "
+            f"{check[f'measured_gap_p{q}_low_s']:.3g}-{check[f'measured_gap_p{q}_high_s']:.3g} s bucket"
+            for q in selfcheck.GAP_QUANTILES
+            if f"predicted_gap_p{q}_s" in check
+        )
     )
 
 
@@ -718,16 +733,20 @@ def model_check(
     slo: SLO,
     noise_sigma: float = 0.0,
     params: EngineParams = EngineParams(),
+    measured_gaps: Histogram | None = None,
 ) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
-    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible)."""
+    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible). With the engine's
+    gap histogram (`measured_gaps`), also every predicted gap's p50/p90/p99 against the bucket that holds
+    the measured one (`measured_gap_pXX_low_s` / `_high_s`): a measurement no estimate stands in for."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
     result = simulate(
-        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0
-    )
+        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0,
+        record=measured_gaps is not None and measured_gaps.count > 0,
+    )  # fmt: skip
     measured_itl = requests.itl(slo.itl_stat)[ok]
     measured_itl = measured_itl[~np.isnan(measured_itl)]
     measured_ttft = requests.ttft_s[ok]
@@ -738,6 +757,13 @@ def model_check(
         out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")
         out[f"predicted_itl_p{q}_s"] = float(np.percentile(result.itl(slo.itl_stat), q))
         out[f"measured_itl_p{q}_s"] = float(np.percentile(measured_itl, q)) if len(measured_itl) else float("nan")
+    gaps = [g for g in (result.token_gaps or []) if len(g)]
+    if measured_gaps is not None and gaps:
+        predicted = np.concatenate(gaps)
+        for q in selfcheck.GAP_QUANTILES:
+            low, high = measured_gaps.bucket_of_quantile(q / 100)
+            out[f"predicted_gap_p{q}_s"] = float(np.percentile(predicted, q))
+            out[f"measured_gap_p{q}_low_s"], out[f"measured_gap_p{q}_high_s"] = low, high
     return out
 
 

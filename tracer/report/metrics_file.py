@@ -61,6 +61,11 @@ class Histogram:
         inside = float(self.cumulative[k]) - below
         return lower + (float(self.upper_bounds[k]) - lower) * ((rank - below) / inside if inside else 1.0)
 
+    def bucket_of_quantile(self, q: float) -> tuple[float, float]:
+        """(lower, upper) bounds of the bucket that holds the q-quantile (upper may be +Inf)."""
+        k = min(int(np.searchsorted(self.cumulative, q * self.count, side="left")), len(self.upper_bounds) - 1)
+        return (float(self.upper_bounds[k - 1]) if k else 0.0), float(self.upper_bounds[k])
+
     def share_above(self, value: float) -> float:
         """Share of observations above `value`, linear within the bucket that holds it."""
         if not self.count:
