@@ -119,8 +119,14 @@ def main() -> None:
             # ABBA order: the condition that goes first in a round alternates, so warm-up and drift within a
             # round (seen as a steady 0.5-0.9 first-round bias when unscraped always went first) cancel out.
             for condition in ("unscraped", "scraped") if index % 2 == 0 else ("scraped", "unscraped"):
+                # Both runs of a round replay one schedule (arrivals, lengths) with their own prompt text: a
+                # repeated text would be served from the server's prefix cache and flatter the second run; a
+                # schedule of its own per run made the two conditions carry different loads (155 vs 175
+                # requests in one run).
+                text_seed = 1000 + 2 * index + (condition == "scraped")
                 config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
-                                    prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index, timeout_s=60)  # fmt: skip
+                                    prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index,
+                                    text_seed=text_seed, timeout_s=60)  # fmt: skip
                 cpu_before = server_cpu_s(server.pid)
                 if condition == "scraped":
                     with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:

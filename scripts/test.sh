@@ -7,4 +7,4 @@ bash scripts/setup.sh --with-vllm
 .venv/bin/ruff check --quiet .
 .venv/bin/ruff format --check --quiet .
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

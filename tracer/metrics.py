@@ -18,13 +18,14 @@ import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import choose_encoder, start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
@@ -374,7 +375,7 @@ class BulkHistogramChild:
             return self._counts.copy(), self._sum
 
 
-class BulkHistogram:
+class BulkHistogram(Collector):
     """A histogram family fed many values at a time (per-token gaps), exposed through a custom collector.
 
     prometheus_client's Histogram costs one Python call per observed value; a decode span carries one value
@@ -483,7 +484,8 @@ def exposition(registry: MetricSource, accept_header: str | None,
     """
     encoder, content_type = choose_encoder(accept_header or "")
     source = LabelledCollection(registry, labels) if labels else registry
-    return encoder(source), content_type
+    # The encoders only call collect(); prometheus_client annotates their argument as a CollectorRegistry.
+    return encoder(cast(CollectorRegistry, source)), content_type
 
 
 def serve_metrics(

@@ -188,3 +188,26 @@ def test_max_inflight_cap_skips_and_counts_instead_of_delaying(fake_server, tmp_
     assert all(r.sent_s is None for r in result.records[2:4])
     assert result.summary.skipped_inflight_cap == 2 and result.summary.sent == 3
     assert len(fake_server.received) == 3
+
+
+def test_a_text_seed_replays_the_same_schedule_with_text_no_prefix_cache_has_seen(fake_server) -> None:
+    def run(text_seed: int | None) -> tuple[LoadResult, list[str]]:
+        first = len(fake_server.received)
+        config = LoadConfig(url=fake_server.url, model="m", rate_rps=40.0, duration_s=0.3, prompt=LengthSpec(64, 0.5),
+                            output=LengthSpec(2), seed=7, text_seed=text_seed)  # fmt: skip
+        result = run_load_sync(config)
+        bodies = sorted(fake_server.received[first:], key=lambda r: r.unix_s)
+        return result, [r.body["prompt"] for r in bodies]
+
+    base, base_text = run(None)
+    same, same_text = run(7)  # the default text seed is the seed
+    fresh, fresh_text = run(8)
+
+    def plan(result: LoadResult) -> list[tuple[float, int, int]]:
+        return [(r.scheduled_s, r.prompt_tokens, r.requested_output_tokens) for r in result.records]
+
+    assert len(base.records) >= 4
+    assert plan(base) == plan(same) == plan(fresh)
+    assert same_text == base_text
+    assert [len(t) for t in fresh_text] == [len(t) for t in base_text]
+    assert not set(fresh_text) & set(base_text)

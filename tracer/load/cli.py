@@ -100,6 +100,12 @@ SECONDS = Duration(positive=False)  # zero passes here; the load config says whi
 @click.option(
     "--seed", type=int, help="Seed of arrivals, lengths, sessions and prompt text [default: random, recorded]."
 )
+@click.option(
+    "--text-seed",
+    type=int,
+    help="Seed of the prompt text alone [default: --seed]: the same arrivals and lengths with text no prefix "
+    "cache has seen.",
+)
 @click.option("--timeout", "timeout_s", type=SECONDS, default=120.0, show_default=True, help="Per-request deadline.")
 @click.option(
     "--max-inflight",
@@ -141,6 +147,7 @@ def load_command(
     slo_itl: float | None,
     slo_tpot: float | None,
     seed: int | None,
+    text_seed: int | None,
     timeout_s: float,
     max_inflight: int,
     chars_per_token: float,
@@ -167,6 +174,7 @@ def load_command(
         replay_path=replay_path,
         slo=ClientSLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot),
         seed=seed,
+        text_seed=text_seed,
         timeout_s=timeout_s,
         max_inflight=max_inflight,
         chars_per_token=chars_per_token,

@@ -101,6 +101,8 @@ class LoadConfig:
     generated workload needs at least one, a replay file bounds itself and either flag truncates it.
     `chars_per_token` sizes synthetic prompts: 1.0 for byte-level tokenizers (the reference server),
     about 4 for BPE tokenizers of real models. `seed` None picks a random seed, recorded in the results.
+    `text_seed` (default: `seed`) seeds the prompt text alone: the same `seed` with another `text_seed`
+    replays the same arrivals and lengths with text no prefix cache has seen (A/B runs on one server).
     """
 
     url: str
@@ -116,6 +118,7 @@ class LoadConfig:
     replay_path: str | None = None
     slo: ClientSLO = field(default_factory=ClientSLO)
     seed: int | None = None
+    text_seed: int | None = None
     timeout_s: float = 120.0
     max_inflight: int = 512
     chars_per_token: float = 1.0

@@ -76,8 +76,9 @@ async def run_load(
     config.validate()
     schedule = build_schedule(config)
     assert config.seed is not None
+    text_seed = config.seed if config.text_seed is None else config.text_seed
     prompts = PromptFactory(
-        seed=config.seed, chars_per_token=config.chars_per_token, shared_prefix_tokens=config.shared_prefix_tokens
+        seed=text_seed, chars_per_token=config.chars_per_token, shared_prefix_tokens=config.shared_prefix_tokens
     )
     progress = progress if progress is not None else RunProgress()
     progress.scheduled = len(schedule)

@@ -27,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from tracer.metrics import ENGINE_SCRAPE_DURATION, ENGINE_SCRAPE_UP
@@ -261,7 +262,7 @@ def scrape_health(scrapers: Iterable[EngineScraper]) -> list[Metric]:
     return [up_family, duration_family]
 
 
-class MergedCollector:
+class MergedCollector(Collector):
     """Our registry's families plus scraped ones, merged by family name (the catalogue wins)."""
 
     def __init__(self, registry: CollectorRegistry, scrapers: Iterable[EngineScraper]) -> None:
