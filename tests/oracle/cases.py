@@ -56,6 +56,16 @@ CASES = {
     "wrong-split": Case("wrong-split", split(1, 3), FAST, LONG_SLO, **LONG),
     # The same on a 1 Gb/s link: the KV transfer alone breaks TTFT, so splitting loses.
     "slow-link": Case("slow-link", colocated(4), SLOW_LINK, LONG_SLO, **LONG),
+    # The medium-prompt workload deployed with chunked prefill on (vLLM's default scheduler): a prompt's
+    # prefill runs in several steps, each shared with every running decode; it stays on.
+    "chunked-deployed": Case(
+        "chunked-deployed",
+        Deployment("chunked", workers=2, budget_tokens=128),
+        FAST,
+        Slo(1.5, 0.08, "max"),
+        (500, 1500),
+        (80, 200),
+    ),
     # Chats with bursts of long prompts arriving together.
     "bursty": Case(
         "bursty",

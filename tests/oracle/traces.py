@@ -4,7 +4,8 @@
   queue / prefill / kv_transfer(.send) / decode children, and a `splitscope.step` span per iteration.
 - `vllm_request_lines`: what stock vLLM emits, one `llm_request` SERVER span per request with its
   latency attributes and token counts and nothing else (no steps, no inter-token figures); the tests
-  send these through a real sidecar per engine, which adds our stage spans.
+  send these through a real sidecar per engine, which adds our stage spans; `vllm_pd_lines`: the same
+  for a split deployment, a pair of `llm_request` spans per request (one per instance, one trace).
 
 Written here from the spec, not with the report's or the tracer's writers. Blocking file I/O.
 """
@@ -230,6 +231,32 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
             f.write(line + "\n")
 
 
+def _llm_request(ids: _Ids, trace_id: str, index: int, start_s: float, end_s: float, prompt_tokens: int,
+                 completion_tokens: int, queue_s: float, prefill_s: float, ttft_s: float,
+                 decode_s: float) -> dict[str, Any]:  # fmt: skip
+    """One stock vLLM `llm_request` span (vllm/tracing.py attributes; times from the instance's arrival)."""
+    return _span(
+        trace_id,
+        ids.span(),
+        "",
+        vllm.SPAN_NAME,
+        v.KIND_SERVER,
+        start_s,
+        end_s,
+        {
+            vllm.ATTR_RESPONSE_MODEL: MODEL,
+            vllm.ATTR_REQUEST_ID: f"req-{index}",
+            vllm.ATTR_PROMPT_TOKENS: prompt_tokens,
+            vllm.ATTR_COMPLETION_TOKENS: completion_tokens,
+            vllm.ATTR_TIME_IN_QUEUE: queue_s,
+            vllm.ATTR_PREFILL: prefill_s,
+            vllm.ATTR_TTFT: ttft_s,
+            vllm.ATTR_DECODE: decode_s,
+            vllm.ATTR_E2E: end_s - start_s,
+        },
+    )
+
+
 def vllm_request_lines(run: Run, worker: int, seed: int = 0) -> list[str]:
     """Worker `worker`'s requests as stock vLLM's `llm_request` spans (vllm/tracing.py attributes)."""
     ids = _Ids(seed * 1000 + worker)
@@ -241,25 +268,68 @@ def vllm_request_lines(run: Run, worker: int, seed: int = 0) -> list[str]:
         prefill_s = r.prefill_end_s - r.prefill_start_s
         decode_s = r.end_s - r.first_token_s
         spans.append(
-            _span(
+            _llm_request(
+                ids,
                 ids.trace(),
-                ids.span(),
-                "",
-                vllm.SPAN_NAME,
-                v.KIND_SERVER,
+                r.index,
                 r.arrival_s,
                 r.end_s,
-                {
-                    vllm.ATTR_RESPONSE_MODEL: MODEL,
-                    vllm.ATTR_REQUEST_ID: f"req-{r.index}",
-                    vllm.ATTR_PROMPT_TOKENS: r.prompt_tokens,
-                    vllm.ATTR_COMPLETION_TOKENS: r.output_tokens,
-                    vllm.ATTR_TIME_IN_QUEUE: queue_s,
-                    vllm.ATTR_PREFILL: prefill_s,
-                    vllm.ATTR_TTFT: r.ttft_s,
-                    vllm.ATTR_DECODE: decode_s,
-                    vllm.ATTR_E2E: r.end_s - r.arrival_s,
-                },
-            )
+                r.prompt_tokens,
+                r.output_tokens,
+                queue_s,
+                prefill_s,
+                r.ttft_s,
+                decode_s,
+            )  # fmt: skip
         )
     return list(_batched("vllm", spans))
+
+
+def vllm_pd_lines(run: Run, seed: int = 0) -> dict[tuple[str, int], list[str]]:
+    """A split run as stock vLLM behind a P/D proxy (vLLM 0.32, NIXL-style KV pull): per request, the
+    proxy's trace holds two `llm_request` spans, one per instance. (pool, worker) -> that instance's lines.
+
+    - prefill instance (the proxy sends max_tokens=1): arrives with the request, queues, prefills and
+      answers its one token when the prefill ends;
+    - decode instance: the proxy forwards the request when the prefill answer is back; vLLM queues it
+      (WAITING_FOR_REMOTE_KVS) until the KV cache has arrived and the engine admits it, which is when
+      the first token streams (the oracle's decode worker sends it on admission); then it decodes.
+    """
+    assert run.deployment.kind == "split"
+    ids = _Ids(seed)
+    spans: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in run.requests:
+        trace = ids.trace()  # the proxy's trace: both halves carry it
+        prefill_s = r.prefill_end_s - r.prefill_start_s
+        forwarded_s = r.prefill_end_s
+        spans.setdefault((v.Pool.PREFILL, r.prefill_worker), []).append(
+            _llm_request(
+                ids,
+                trace,
+                r.index,
+                r.arrival_s,
+                r.prefill_end_s,
+                r.prompt_tokens,
+                1,
+                r.prefill_start_s - r.arrival_s,
+                prefill_s,
+                r.prefill_end_s - r.arrival_s,
+                0.0,
+            )  # fmt: skip
+        )
+        spans.setdefault((v.Pool.DECODE, r.decode_worker), []).append(
+            _llm_request(
+                ids,
+                trace,
+                r.index,
+                forwarded_s,
+                r.end_s,
+                r.prompt_tokens,
+                r.output_tokens,
+                r.first_token_s - forwarded_s,
+                0.0,
+                r.first_token_s - forwarded_s,
+                r.end_s - r.first_token_s,
+            )  # fmt: skip
+        )
+    return {key: list(_batched("vllm", group)) for key, group in sorted(spans.items())}

@@ -64,7 +64,7 @@ def oracle_options(seen, **overrides) -> ReportOptions:
 
 @pytest.fixture(scope="session")
 def oracle_traces(tmp_path_factory):
-    """(case name, seed, margin) -> (Observed, full trace path, vLLM-shaped trace path or None): the
+    """(case name, seed, margin) -> (Observed, full trace path, vLLM-shaped trace path): the
     independent oracle's truth and traces (tests/oracle), computed once per session."""
     from tests.oracle.observe import observe
     from tests.oracle.through_sidecar import write_via_sidecars
@@ -78,10 +78,9 @@ def oracle_traces(tmp_path_factory):
             seen = observe(name, seed, margin)
             full = folder / f"{name}-{seed}.jsonl"
             write_full(full, seen.run, seed)
-            vllm_shaped = None
-            if seen.case.current.kind != "split":  # stock vLLM here: one colocated engine per sidecar
-                vllm_shaped = folder / f"{name}-{seed}-vllm.jsonl"
-                write_via_sidecars(vllm_shaped, seen.run, seed)
+            # Stock vLLM: one engine per sidecar (a P/D pair of instances per request when split).
+            vllm_shaped = folder / f"{name}-{seed}-vllm.jsonl"
+            write_via_sidecars(vllm_shaped, seen.run, seed)
             cache[(name, seed, margin)] = (seen, full, vllm_shaped)
         return cache[(name, seed, margin)]
 

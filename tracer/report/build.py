@@ -18,10 +18,23 @@ from tracer.report import selfcheck
 from tracer.report.budget import candidate_budgets_tokens
 from tracer.report.confidence import MIN_RESAMPLES, RERUN_DURATION_S, RERUN_REQUESTS, RERUN_SAMPLE_REQUESTS, bootstrap
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
-from tracer.report.estimate import estimate_gaps, estimate_steps
+from tracer.report.estimate import (
+    chunk_budget_tokens,
+    estimate_chunked_steps,
+    estimate_gaps,
+    estimate_steps,
+    itl_pass_probability,
+)
 from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
 from tracer.report.goodput import GoodputResult, search_goodput
-from tracer.report.simulate import SLO, Costs, EngineParams, Layout, TransferCosts, Workload, simulate
+from tracer.report.metrics_file import (
+    EngineMetrics,
+    Histogram,
+    metrics_evidence,
+    metrics_sources,
+    read_metrics_file,
+)
+from tracer.report.simulate import SLO, Costs, EngineParams, Layout, StepCosts, TransferCosts, Workload, simulate
 from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.vocabulary import Verdict
 
@@ -57,6 +70,8 @@ class ReportOptions:
     # waiting prompt always joins. The default is the simulator's.
     max_prefill_tokens_per_step: int = DEFAULT_MAX_PREFILL_TOKENS_PER_STEP
     extra_evidence: tuple[str, ...] = ()  # e.g. lines from Prometheus
+    # A capture of the engine's /metrics (Prometheus text): vLLM's gap and tokens-per-step histograms.
+    metrics_file: str | None = None
     # Bootstrap re-runs behind `confidence` (confidence.py); 0 skips it (confidence then null).
     confidence_resamples: int = MIN_RESAMPLES
 
@@ -218,6 +233,7 @@ class _Findings:
     evidence: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # why no decision can be made at all
+    engine_metrics: EngineMetrics | None = None  # --metrics-file
 
     def report(self, verdict: str, reasons: Sequence[str] = (), **fields: Any) -> Report:
         """The Report: these findings plus the decision's own fields (keywords of Report)."""
@@ -257,7 +273,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
     found.evidence += _evidence(found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final,
                                 window_results)  # fmt: skip
-    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params)
+    gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
+    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram)
     if check:
         found.evidence.append(_model_check_line(check, slo))
     decided: dict[str, Any] = dict(goodput=goodput, network=network, windows=window_results)
@@ -297,14 +314,27 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         missing.append(
             "no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown"
         )
+    engine_metrics = read_metrics_file(options.metrics_file) if options.metrics_file else None
     prefill_fit = fit_prefill(requests)
-    step_fit = _step_costs(data, options, missing, assumptions)
-    requests, estimated_itl = _with_estimated_gaps(requests, slo)
+    # A chunked engine without step spans: its prefill windows are several mixed steps, not one stall.
+    chunked = current is not None and current.mode == "chunked" and len(data.steps) < options.min_steps
+    step_fit = _step_costs(data, options, missing, assumptions, chunked)
+    if chunked and step_fit is not None and current is not None:
+        current = _with_inferred_budget(current, requests, step_fit, assumptions)
+    requests, estimated_itl, estimated = _with_estimated_gaps(
+        requests, slo, step_fit.costs if chunked and step_fit is not None else None
+    )
     if estimated_itl:
+        how = (
+            "its steps under prefill windows on its worker (chunked prefill: one chunk each) as long as that time net of "
+            "the chunk work over their count, the others decode-only"
+            if chunked
+            else "decode-only iterations of each request's own measured length, plus one stall per prefill that ran on its "
+            "worker during its decode, as long as that prefill"
+        )
         assumptions.append(
             f"per-request inter-token gaps ESTIMATED for {estimated_itl} of {len(requests)} requests (their spans carry none): "
-            "decode-only iterations of each request's own measured length, plus one stall per prefill that ran on its worker "
-            "during its decode, as long as that prefill"
+            + how
         )
     transfer_fit = fit_transfers(data.transfers)
     transfer = _transfer_costs(options, transfer_fit, assumptions)
@@ -347,14 +377,60 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         assumptions.append(
             f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})"
         )
+    measured = measure(requests, slo) if len(requests) else None
+    evidence = list(options.extra_evidence)
+    if engine_metrics is not None:
+        evidence += metrics_evidence(engine_metrics, slo.itl_s)
+        assumptions += _use_metrics_file(engine_metrics, requests, estimated, slo, measured)
     return _Findings(
         data, options, requests, current, step_fit, prefill_fit, transfer_fit, transfer, gpus,
-        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measure(requests, slo) if len(requests) else None,
-        read, list(options.extra_evidence), assumptions, missing,
+        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measured, read, evidence, assumptions, missing,
+        engine_metrics,
     )  # fmt: skip
 
 
-def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str]) -> StepFit | None:
+def _use_metrics_file(engine_metrics: EngineMetrics, requests: RequestTable, estimated_gaps: list[np.ndarray] | None,
+                      slo: SLO, measured: Measured | None) -> list[str]:  # fmt: skip
+    """What the report took from the metrics file, as assumption lines. Where the per-request gaps were
+    estimated and the SLO is on a request's p99 or max gap, the measured attainment counts the gaps over
+    the SLO from the engine's histogram instead (`measured` is updated in place)."""
+    lines = [f"from the metrics file {engine_metrics.path}: " + "; ".join(metrics_sources(engine_metrics))]
+    gaps = engine_metrics.gaps
+    if gaps is None or not gaps.count or estimated_gaps is None or measured is None or slo.itl_stat == "mean":
+        return lines
+    share = gaps.share_above(slo.itl_s)
+    passes = itl_pass_probability(estimated_gaps, slo.itl_s, slo.itl_stat, share)
+    by_spans = np.isnan(passes)
+    itl_ok = np.nan_to_num(requests.itl(slo.itl_stat), nan=np.inf) <= slo.itl_s
+    p_itl = np.where(by_spans, itl_ok.astype(float), passes)
+    ttft_ok = (requests.ttft_s <= slo.ttft_s) & ~requests.failed
+    measured.attainment = float(np.mean(ttft_ok * p_itl)) if len(requests) else 0.0
+    lines.append(
+        f"SLO attainment: for the {int((~by_spans).sum())} requests whose gaps are estimated, the gaps over the ITL SLO "
+        f"are counted from {gaps.family} ({share:.2%} of {gaps.count:.0f} gaps over {slo.itl_s:g} s, interpolated "
+        f"within its bucket) and placed where the estimate puts stalls; a request meets the SLO when its {slo.itl_stat} "
+        "gap stays within it (expected value over where they fall)"
+    )
+    return lines
+
+
+def _with_inferred_budget(current: Layout, requests: RequestTable, step_fit: StepFit, assumptions: list[str]) -> Layout:
+    """The deployed chunked layout with its token budget inferred from request overlap (said so)."""
+    budget = chunk_budget_tokens(requests, step_fit.costs)
+    if budget is None:
+        assumptions.append(
+            f"the deployed chunk budget is unknown (no step spans, too little overlap): {current.chunk_budget_tokens} assumed"
+        )
+        return current
+    assumptions.append(
+        f"the deployed chunk budget is INFERRED from request overlap: about {budget} tokens per step (prefill tokens "
+        "per mixed step plus the decodes sharing it)"
+    )
+    return replace(current, chunk_budget_tokens=max(budget, 1))
+
+
+def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str],
+                chunked: bool = False) -> StepFit | None:  # fmt: skip
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
         # Measured on the reference server (bench/verdict_ab.py): a fit on a light run's small batches
@@ -364,7 +440,8 @@ def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], ass
             "rates that need larger batches extrapolate the fit (linear in batch and context)"
         )
         return fit_steps(data.steps)
-    step_fit = estimate_steps(data.requests) if len(data.requests) else None
+    estimate = estimate_chunked_steps if chunked else estimate_steps
+    step_fit = estimate(data.requests) if len(data.requests) else None
     if step_fit is None:
         missing.append(
             f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
@@ -373,7 +450,13 @@ def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], ass
         assumptions.append(
             f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
             "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
-            "that ran on the same worker in its decode window)"
+            "that ran on the same worker in its decode window"
+            + (
+                "; chunked prefill (splitscope.mode on the engine's stage spans): the prompt tokens prefilled there "
+                "in its window priced as chunks)"
+                if chunked
+                else ")"
+            )
         )
     return step_fit
 
@@ -419,6 +502,12 @@ def _model_check_line(check: dict[str, float], slo: SLO) -> str:
         f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
         f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
         f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
+        + "".join(
+            f"; every gap's p{q} predicted {check[f'predicted_gap_p{q}_s']:.3g} s vs the engine's "
+            f"{check[f'measured_gap_p{q}_low_s']:.3g}-{check[f'measured_gap_p{q}_high_s']:.3g} s bucket"
+            for q in selfcheck.GAP_QUANTILES
+            if f"predicted_gap_p{q}_s" in check
+        )
     )
 
 
@@ -443,12 +532,14 @@ def _headline_of(decision: Decision) -> str:
     return decision.verdict
 
 
-def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable, int]:
-    """`requests` with the inter-token statistics their spans lack estimated (estimate.py), and how many."""
+def _with_estimated_gaps(requests: RequestTable, slo: SLO, chunked_costs: StepCosts | None = None
+                         ) -> tuple[RequestTable, int, list[np.ndarray] | None]:  # fmt: skip
+    """`requests` with the inter-token statistics their spans lack estimated (estimate.py), how many, and
+    the estimated gaps of each (empty for requests whose spans had the statistic; None when none had)."""
     missing = np.isnan(requests.itl(slo.itl_stat)) & (requests.output_tokens > 1) & ~requests.failed
     if not missing.any():
-        return requests, 0
-    gaps = estimate_gaps(requests)
+        return requests, 0, None
+    gaps = estimate_gaps(requests, chunked_costs)
     columns = {}
     for name, estimate in (
         ("itl_p50_s", gaps.p50_s),
@@ -459,7 +550,8 @@ def _with_estimated_gaps(requests: RequestTable, slo: SLO) -> tuple[RequestTable
         current = getattr(requests, name)
         columns[name] = np.where(np.isnan(current), estimate, current)
     filled = replace(requests, **columns)
-    return filled, int((missing & ~np.isnan(filled.itl(slo.itl_stat))).sum())
+    gap_lists = [g if missing[i] else np.zeros(0) for i, g in enumerate(gaps.gaps_s)]
+    return filled, int((missing & ~np.isnan(filled.itl(slo.itl_stat))).sum()), gap_lists
 
 
 def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceData) -> tuple[int, ...]:
@@ -641,16 +733,20 @@ def model_check(
     slo: SLO,
     noise_sigma: float = 0.0,
     params: EngineParams = EngineParams(),
+    measured_gaps: Histogram | None = None,
 ) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
-    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible)."""
+    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible). With the engine's
+    gap histogram (`measured_gaps`), also every predicted gap's p50/p90/p99 against the bucket that holds
+    the measured one (`measured_gap_pXX_low_s` / `_high_s`): a measurement no estimate stands in for."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
     result = simulate(
-        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0
-    )
+        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0,
+        record=measured_gaps is not None and measured_gaps.count > 0,
+    )  # fmt: skip
     measured_itl = requests.itl(slo.itl_stat)[ok]
     measured_itl = measured_itl[~np.isnan(measured_itl)]
     measured_ttft = requests.ttft_s[ok]
@@ -661,6 +757,13 @@ def model_check(
         out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")
         out[f"predicted_itl_p{q}_s"] = float(np.percentile(result.itl(slo.itl_stat), q))
         out[f"measured_itl_p{q}_s"] = float(np.percentile(measured_itl, q)) if len(measured_itl) else float("nan")
+    gaps = [g for g in (result.token_gaps or []) if len(g)]
+    if measured_gaps is not None and gaps:
+        predicted = np.concatenate(gaps)
+        for q in selfcheck.GAP_QUANTILES:
+            low, high = measured_gaps.bucket_of_quantile(q / 100)
+            out[f"predicted_gap_p{q}_s"] = float(np.percentile(predicted, q))
+            out[f"measured_gap_p{q}_low_s"], out[f"measured_gap_p{q}_high_s"] = low, high
     return out
 
 

@@ -63,6 +63,11 @@ from tracer.cli_options import Duration
 @click.option(
     "--since", "since_s", type=Duration(), default="10m", show_default=True, help="Range for the Prometheus queries."
 )
+@click.option(
+    "--metrics-file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="A capture of the engine's /metrics (Prometheus text): vLLM's inter-token and tokens-per-step histograms.",
+)
 @click.option("--skip-bad", is_flag=True, help="Skip and count bad lines/spans instead of failing.")
 @click.option(
     "--sim-requests", type=click.IntRange(min=10), default=300, show_default=True, help="Requests per simulation."
@@ -90,6 +95,7 @@ def report_command(
     margin,
     prometheus_url,
     since_s,
+    metrics_file,
     skip_bad,
     sim_requests,
     confidence_resamples,
@@ -119,6 +125,7 @@ def report_command(
             skip_bad=skip_bad,
             sim_requests=sim_requests,
             extra_evidence=extra,
+            metrics_file=metrics_file,
             confidence_resamples=confidence_resamples,
         )
         report = build_report(list(traces), options)

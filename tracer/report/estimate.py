@@ -16,6 +16,7 @@ prefill of that prefill's length. Everything here is an estimate and the report 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -176,30 +177,217 @@ def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) ->
 
 
 @dataclass(frozen=True)
+class ChunkedOverlap:
+    """Per request on a chunked-prefill worker (NaN where it did not decode): its decode window against the
+    prefill windows on that worker. A prompt's chunks run in several steps, each with every running decode,
+    so a prefill window is no single stall: the decodes inside it ran mixed steps, each slower by a chunk.
+
+    decode_s = iterations x (its decode-only step) + the chunk work done during its window, where the chunk
+    work of `prefill_tokens` tokens (each prefill's tokens in proportion to the share of its window inside
+    the decode window; likewise its P^2 attention) costs `b * tokens + c * attention` (a prompt's chunks add
+    up to its whole prefill). `under_prefill_s` is the part of the window under some prefill window."""
+
+    iterations: np.ndarray
+    mean_batch: np.ndarray
+    mean_context_tokens: np.ndarray
+    decode_s: np.ndarray
+    under_prefill_s: np.ndarray
+    prefill_tokens: np.ndarray
+    attention_tokens2: np.ndarray
+
+
+def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of intervals as disjoint sorted intervals."""
+    order = np.argsort(starts, kind="stable")
+    out_s: list[float] = []
+    out_e: list[float] = []
+    for s_i, e_i in zip(starts[order], ends[order]):
+        if out_e and s_i <= out_e[-1]:
+            out_e[-1] = max(out_e[-1], e_i)
+        else:
+            out_s.append(float(s_i))
+            out_e.append(float(e_i))
+    return np.asarray(out_s), np.asarray(out_e)
+
+
+def chunked_overlap(requests: RequestTable) -> ChunkedOverlap:
+    n = len(requests)
+    iterations = np.maximum(requests.output_tokens - 1, 0).astype(float)
+    batch, context, under, tokens, attention = (np.full(n, np.nan) for _ in range(5))
+    decoding = (requests.decode_end_ns > requests.decode_start_ns) & (iterations > 0) & ~requests.failed
+    prefilling = (requests.prefill_end_ns > requests.prefill_start_ns) & ~requests.failed
+    ds, de = requests.decode_start_ns / 1e9, requests.decode_end_ns / 1e9
+    ps, pe = requests.prefill_start_ns / 1e9, requests.prefill_end_ns / 1e9
+    prompt = np.maximum(requests.input_tokens - requests.cached_tokens, 1).astype(float)
+    for worker in set(requests.decode_worker[decoding]):
+        on = np.flatnonzero(decoding & (requests.decode_worker == worker))
+        span = de[on] - ds[on]
+        weight = requests.input_tokens[on] + requests.output_tokens[on] / 2.0
+        batch[on] = _time_average(ds[on], de[on], np.ones(len(on)), ds[on], de[on])
+        context[on] = _time_average(ds[on], de[on], weight.astype(float), ds[on], de[on])
+        here = np.flatnonzero(prefilling & (requests.prefill_worker == worker))
+        if not len(here):
+            under[on] = tokens[on] = attention[on] = 0.0
+            continue
+        union_s, union_e = _merged(ps[here], pe[here])
+        under[on] = span * _time_average(union_s, union_e, np.ones(len(union_s)), ds[on], de[on])
+        length = pe[here] - ps[here]
+        tokens[on] = span * _time_average(ps[here], pe[here], prompt[here] / length, ds[on], de[on])
+        attention[on] = span * _time_average(ps[here], pe[here], prompt[here] ** 2 / length, ds[on], de[on])
+    decode_s = np.where(decoding, de - ds, np.nan)
+    return ChunkedOverlap(iterations, batch, context, decode_s, under, tokens, attention)
+
+
+def _chunked_split(seen: ChunkedOverlap, costs: StepCosts) -> tuple[np.ndarray, np.ndarray]:
+    """Per request: its decode-only step (s) and how many of its steps carried chunks (the steps of the
+    time under prefill windows net of the chunk work, at that step length)."""
+    chunk_work = np.clip(
+        costs.prefill_s_per_token * seen.prefill_tokens + costs.prefill_s_per_token2 * seen.attention_tokens2,
+        0.0, seen.decode_s,
+    )  # fmt: skip
+    plain = (seen.decode_s - chunk_work) / np.maximum(seen.iterations, 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mixed = np.clip(np.round((seen.under_prefill_s - chunk_work) / plain), 0, seen.iterations)
+    mixed = np.where((seen.under_prefill_s > 0) & (mixed < 1), 1, mixed)
+    return plain, mixed
+
+
+def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
+    """The step model of a chunked-prefill engine from request overlap (ChunkedOverlap): per request,
+    decode_s / iterations = base + per_context * context + per_request * batch + (b * tokens + c * attention)
+    / iterations, fitted over requests. None when too few requests decoded."""
+    seen = chunked_overlap(requests)
+    use = ~np.isnan(seen.decode_s) & ~np.isnan(seen.prefill_tokens) & (seen.iterations > 0)
+    if use.sum() < 5:
+        return None
+    per = seen.iterations[use]
+    features = np.column_stack([
+        np.ones(use.sum()), seen.mean_context_tokens[use], seen.mean_batch[use],
+        seen.prefill_tokens[use] / per, seen.attention_tokens2[use] / per,
+    ])  # fmt: skip
+    target = seen.decode_s[use] / per
+    fit = fit_nonnegative(features, target)
+    costs = StepCosts(*(float(x) for x in fit.coefficients))
+    plain, mixed = _chunked_split(seen, costs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratios = (seen.under_prefill_s / mixed) / plain
+    ok = use & (mixed >= 1) & (plain > 0)
+    predicted = features @ fit.coefficients
+    good = (predicted > 0) & (target > 0)
+    logs = np.log(target[good] / predicted[good])
+    sigma = float(1.4826 * np.median(np.abs(logs - np.median(logs)))) if good.sum() > 2 else 0.0
+    return StepFit(
+        costs, "estimated from request spans", fit.r2, fit.samples,
+        float(np.median(ratios[ok])) if ok.any() else None, int(ok.sum()), 0, sigma, features, target,
+        ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2"),
+    )  # fmt: skip
+
+
+def chunk_budget_tokens(requests: RequestTable, costs: StepCosts) -> int | None:
+    """The engine's token budget per step, inferred: prefill tokens per mixed step plus the decodes that
+    shared it, the median over requests whose decode saw at least two mixed steps. None without any."""
+    seen = chunked_overlap(requests)
+    _, mixed = _chunked_split(seen, costs)
+    ok = ~np.isnan(seen.prefill_tokens) & (mixed >= 2)
+    if not ok.any():
+        return None
+    return int(round(float(np.median(seen.prefill_tokens[ok] / mixed[ok] + seen.mean_batch[ok]))))
+
+
+@dataclass(frozen=True)
 class EstimatedGaps:
     p50_s: np.ndarray
     p99_s: np.ndarray
     max_s: np.ndarray
     mean_s: np.ndarray
+    gaps_s: list[np.ndarray]  # per request, every estimated gap (empty where none was estimated)
 
 
-def estimate_gaps(requests: RequestTable) -> EstimatedGaps:
-    """Per-request inter-token gaps where the spans lack them: `iterations - k` decode-only iterations of
-    the request's own measured length, and k stalls as long as the prefills that ran in its window."""
-    seen = overlap(requests)
+def estimate_gaps(requests: RequestTable, chunked_costs: StepCosts | None = None) -> EstimatedGaps:
+    """Per-request inter-token gaps where the spans lack them. Colocated (whole prefills): `iterations - k`
+    decode-only iterations of the request's own measured length, and k stalls as long as the prefills that
+    ran in its window. Chunked (`chunked_costs`, the chunked step estimate): the steps under prefill windows
+    each as long as that time over their count, the others decode-only (`_chunked_split`)."""
     n = len(requests)
-    out = EstimatedGaps(*(np.full(n, np.nan) for _ in range(4)))
+    p50, p99, biggest, mean = (np.full(n, np.nan) for _ in range(4))
+    out = EstimatedGaps(p50, p99, biggest, mean, [np.zeros(0)] * n)
+    if chunked_costs is not None:
+        chunked = chunked_overlap(requests)
+        plain, mixed = _chunked_split(chunked, chunked_costs)
+        iterations, decode_s = chunked.iterations, chunked.decode_s
+    else:
+        seen = overlap(requests)
+        iterations = seen.iterations
     for i in range(n):
-        steps = int(seen.iterations[i])
+        steps = int(iterations[i])
         if steps < 1 or requests.decode_end_ns[i] <= requests.decode_start_ns[i]:
             continue
-        stalls = seen.stalls_s[i][:steps]
-        plain = seen.decode_only_step_s[i]
-        if np.isnan(plain):  # every iteration it ran carried a prefill: its mean gap is all we know
-            plain = (requests.decode_end_ns[i] - requests.decode_start_ns[i]) / 1e9 / steps
-        gaps = np.concatenate([np.full(steps - len(stalls), plain), stalls])
+        if chunked_costs is not None:
+            gaps = _chunked_gaps(steps, int(mixed[i]), float(decode_s[i]), float(chunked.under_prefill_s[i]))
+        else:
+            gaps = _colocated_gaps(requests, seen, i, steps)
+        out.gaps_s[i] = gaps
         out.p50_s[i] = float(np.median(gaps))
         out.p99_s[i] = float(np.percentile(gaps, 99))
         out.max_s[i] = float(gaps.max())
         out.mean_s[i] = float(gaps.mean())
+    return out
+
+
+def _colocated_gaps(requests: RequestTable, seen: Overlap, i: int, steps: int) -> np.ndarray:
+    stalls = seen.stalls_s[i][:steps]
+    plain = seen.decode_only_step_s[i]
+    if np.isnan(plain):  # every iteration it ran carried a prefill: its mean gap is all we know
+        plain = (requests.decode_end_ns[i] - requests.decode_start_ns[i]) / 1e9 / steps
+    return np.concatenate([np.full(steps - len(stalls), plain), stalls])
+
+
+def _chunked_gaps(steps: int, mixed: int, decode_s: float, under_s: float) -> np.ndarray:
+    if mixed <= 0 or np.isnan(under_s):
+        return np.full(steps, decode_s / steps)
+    if mixed >= steps:
+        return np.full(steps, decode_s / steps)
+    rest = max(0.0, decode_s - under_s) / (steps - mixed)
+    return np.concatenate([np.full(steps - mixed, rest), np.full(mixed, under_s / mixed)])
+
+
+def _binomial_pmf(trials: int, p: float, up_to: int) -> np.ndarray:
+    return np.array([math.comb(trials, k) * p**k * (1 - p) ** (trials - k) for k in range(up_to + 1)])
+
+
+def _tolerated_over(gaps: int, stat: str) -> int:
+    """How many gaps may exceed the SLO while the request's `stat` stays within it, when those gaps are far
+    above it (numpy's linear p99 interpolates towards the next larger gap: that one must stay within too)."""
+    if stat == "max":
+        return 0
+    rank = 0.99 * (gaps - 1)
+    below = math.floor(rank)
+    return max(0, gaps - 1 - below - (1 if rank > below else 0))
+
+
+def itl_pass_probability(gaps_s: list[np.ndarray], itl_s: float, stat: str, measured_share_above: float) -> np.ndarray:
+    """Per request, the probability that its `stat` (p99 or max) gap meets `itl_s`, with the count of
+    gaps over the SLO taken from a measured histogram instead of the estimate (NaN where no gaps).
+
+    The estimate says which requests' gaps could exceed (the stalls of overlapping prefills) and the
+    measured share over the SLO says how many do. Measured fewer than estimated: each estimated stall
+    over the SLO is real with probability measured / estimated. Measured more: every estimated one is,
+    and each other gap exceeds with the probability that makes up the difference."""
+    sizes = np.array([len(g) for g in gaps_s])
+    over = np.array([int(np.sum(g > itl_s)) for g in gaps_s])
+    out = np.full(len(gaps_s), np.nan)
+    if not sizes.sum():
+        return out
+    estimated_share = over.sum() / sizes.sum()
+    if estimated_share > 0 and measured_share_above <= estimated_share:
+        keep, extra = measured_share_above / estimated_share, 0.0
+    else:
+        keep, extra = 1.0, max(0.0, measured_share_above - estimated_share) / max(1e-12, 1.0 - estimated_share)
+    for i, (n, e) in enumerate(zip(sizes, over)):
+        if not n:
+            continue
+        allowed = _tolerated_over(int(n), stat)
+        real = _binomial_pmf(int(e), keep, allowed)  # estimated stalls that are real
+        more = _binomial_pmf(int(n - e), extra, allowed)  # gaps the estimate saw under the SLO, over it
+        out[i] = float(sum(real[a] * more[: allowed - a + 1].sum() for a in range(allowed + 1)))
     return out

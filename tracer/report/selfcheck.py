@@ -19,6 +19,9 @@ TOLERANCE_FLOOR_S = 0.005
 MIN_STEP_R2 = 0.8
 
 CHECKED = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("ITL p50", "itl_p50_s"), ("ITL p90", "itl_p90_s"))
+# With an engine's gap histogram (--metrics-file): quantiles of every gap, each against the bucket that holds
+# the measured one, widened by the same tolerance (a bucket is as precise as the histogram gets).
+GAP_QUANTILES = (50, 90, 99)
 
 
 def describe_tolerance() -> str:
@@ -40,6 +43,24 @@ def misses(check: dict[str, float], step_r2: float | None, itl_stat: str) -> lis
                 f"model check misses on the current layout: predicted {label} {predicted:.3g} s vs measured {measured:.3g} s "
                 f"(tolerance {TOLERANCE:.0%} or {TOLERANCE_FLOOR_S * 1e3:g} ms)"
             )
+    reasons += _gap_misses(check)
     if step_r2 is not None and step_r2 < MIN_STEP_R2:
         reasons.append(f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}")
+    return reasons
+
+
+def _gap_misses(check: dict[str, float]) -> list[str]:
+    reasons = []
+    for q in GAP_QUANTILES:
+        predicted = check.get(f"predicted_gap_p{q}_s")
+        low, high = check.get(f"measured_gap_p{q}_low_s"), check.get(f"measured_gap_p{q}_high_s")
+        if predicted is None or low is None or high is None:
+            continue
+        if low * (1 - TOLERANCE) - TOLERANCE_FLOOR_S <= predicted <= high * (1 + TOLERANCE) + TOLERANCE_FLOOR_S:
+            continue
+        reasons.append(
+            f"model check misses the engine's own gaps (--metrics-file): predicted p{q} of every inter-token gap "
+            f"{predicted:.3g} s vs the measured one in {low:.3g}-{high:.3g} s (tolerance {TOLERANCE:.0%} or "
+            f"{TOLERANCE_FLOOR_S * 1e3:g} ms outside that bucket)"
+        )
     return reasons

@@ -49,8 +49,9 @@ _OUR_REQUEST_KEYS = _RequestKeys(
     s.ATTR_INPUT_TOKENS, s.ATTR_OUTPUT_TOKENS, s.ATTR_TTFT_S,
     (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S), "",
 )  # fmt: skip
+# vLLM's span names no mode: the sidecar's stage spans carry its `--mode` (else colocated, `_request_table`).
 _VLLM_REQUEST_KEYS = _RequestKeys(
-    vllm.ATTR_PROMPT_TOKENS, vllm.ATTR_COMPLETION_TOKENS, vllm.ATTR_TTFT, ("", "", ""), Mode.COLOCATED,
+    vllm.ATTR_PROMPT_TOKENS, vllm.ATTR_COMPLETION_TOKENS, vllm.ATTR_TTFT, ("", "", ""), "",
 )  # fmt: skip
 POOLS = tuple(Pool)
 
@@ -208,6 +209,8 @@ class _Request:
         "transfer",
         "send",
         "decode",
+        "stage_mode",
+        "engine_request",
     )
 
     def __init__(self) -> None:
@@ -217,6 +220,8 @@ class _Request:
         self.transfer: tuple | None = None
         self.send: float = _NAN
         self.decode: tuple | None = None
+        self.stage_mode: str = ""  # `splitscope.mode` on a stage span (a sidecar's --mode)
+        self.engine_request = False  # the request span is an engine's own (vLLM's llm_request)
 
 
 def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = False) -> TraceData:
@@ -302,27 +307,13 @@ def _take(
     elif name == VLLM_REQUEST_SPAN:
         keys = _VLLM_REQUEST_KEYS
     if keys is not None:
-        attrs = span.attributes
-        model = attrs.get(s.ATTR_MODEL) or attrs.get(vllm.ATTR_RESPONSE_MODEL)
-        if isinstance(model, str):
-            models.add(model)
-        request = _request(requests, span)
-        root = (
-            span.start_ns,
-            span.end_ns,
-            int(_number(span, keys.input_tokens, where)),
-            int(_number(span, keys.output_tokens, where)),
-            span.status_code == STATUS_ERROR or s.ATTR_ERROR_TYPE in attrs,
-            _number(span, keys.ttft_s, where, False),
-            *(_number(span, key, where, False) if key else _NAN for key in keys.itl_p99_max_mean_s),
-            str(attrs.get(s.ATTR_MODE, keys.default_mode)),
-        )
-        if keys is _VLLM_REQUEST_KEYS and request.root is not None:
-            root = _join_disaggregated_halves(request.root, root)
-        request.root = root
+        _take_request_span(span, keys, requests, models, where)
         return
     if not name.startswith("splitscope."):
         return
+    mode = span.attributes.get(s.ATTR_MODE)
+    if isinstance(mode, str) and mode:
+        _request(requests, span).stage_mode = mode
     if name == s.SPAN_QUEUE:
         _request(requests, span).queue = span.duration_s
     elif name == s.SPAN_PREFILL:
@@ -349,6 +340,31 @@ def _take(
             _number(span, s.ATTR_DECODE_ITL_P99_S, where, False),
             _number(span, s.ATTR_DECODE_ITL_MAX_S, where, False),
         )
+
+
+def _take_request_span(
+    span: Span, keys: _RequestKeys, requests: dict[str, _Request], models: set[str], where: str
+) -> None:
+    attrs = span.attributes
+    model = attrs.get(s.ATTR_MODEL) or attrs.get(vllm.ATTR_RESPONSE_MODEL)
+    if isinstance(model, str):
+        models.add(model)
+    request = _request(requests, span)
+    root = (
+        span.start_ns,
+        span.end_ns,
+        int(_number(span, keys.input_tokens, where)),
+        int(_number(span, keys.output_tokens, where)),
+        span.status_code == STATUS_ERROR or s.ATTR_ERROR_TYPE in attrs,
+        _number(span, keys.ttft_s, where, False),
+        *(_number(span, key, where, False) if key else _NAN for key in keys.itl_p99_max_mean_s),
+        str(attrs.get(s.ATTR_MODE, keys.default_mode)),
+    )
+    if keys is _VLLM_REQUEST_KEYS:
+        request.engine_request = True
+        if request.root is not None:
+            root = _join_disaggregated_halves(request.root, root)
+    request.root = root
 
 
 def _join_disaggregated_halves(one: tuple, other: tuple) -> tuple:
@@ -419,7 +435,8 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
         start, end, inp, out, err, ttft, p99, mx, mean, m = r.root  # type: ignore[misc]
         ints["arrival_ns"][i], ints["end_ns"][i] = start, end
         ints["input_tokens"][i], ints["output_tokens"][i] = inp, out
-        failed[i], mode[i] = err, m
+        # An engine's request span names no mode: its sidecar's stage spans do (else colocated).
+        failed[i], mode[i] = err, m or r.stage_mode or (Mode.COLOCATED if r.engine_request else "")
         col["itl_p99_s"][i], col["itl_max_s"][i], col["itl_mean_s"][i] = p99, mx, mean
         col["queue_s"][i] = r.queue
         first_token_ns = None

@@ -130,7 +130,10 @@ class VllmAdapter:
         return span.name in LIFECYCLE_STAGES
 
     def _common(self) -> dict[str, Any]:
-        return {s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST}
+        # The mode too: vLLM's spans do not say whether the engine runs chunked prefill, and the report
+        # estimates a chunked engine's gaps differently (tracer/report/estimate.py).
+        return {s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
+                s.ATTR_MODE: self.mode}  # fmt: skip
 
     def stage_spans(self, span: s.SpanData) -> list[s.SpanData]:
         """The stage spans under `span` (exported and metered), in stage order; missing stages skipped."""
