@@ -445,6 +445,23 @@ def _recommendation_records(s: AlertSettings, g: _Grouping) -> list[dict[str, An
     ]
 
 
+def _recommendation(s: AlertSettings, name: str, expr: str, summary: str, finding: str) -> dict[str, Any]:
+    """An `info` alert recommending a layout change, held for `recommendation_for`. Its description says
+    how the horizon was judged, then `finding` (what missed and why this change), then, for a pool
+    without step timing, where the signal came from instead (empty otherwise, so such text reads as is)."""
+    share_pct = _number(s.recommend_min_horizon_share * 100)
+    judged = f"""Judged over the last {s.recommend_horizon}, so bursts that recur count and a single burst does
+            not: for at least {share_pct}% of it the pool interfered (mean or p99 step-time ratio over its
+            factor) while more than {_number((1 - s.recommend_attainment_ratio) * 100)}% of"""
+    request_note = (
+        f"{{{{ if $labels.{SIGNAL_LABEL} }}}} This pool reports no step timing (an engine watched "
+        "through the sidecar): interference was judged from request spans (DecodeInterference's "
+        "request-level signal) and the prefill share from time with a request in prefill over "
+        "time with any request running.{{ end }}"
+    )
+    return _alert(s, name, expr, s.recommendation_for, "info", summary, f"{judged} {finding}{request_note}")
+
+
 def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     step, horizon, tpot = _Names.STEP, s.recommend_horizon, _Names.TPOT
     enough_requests = (f'(pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}} >= '
@@ -452,7 +469,6 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
     enough_steps = (f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
                     f"{_number(s.interference_min_steps_per_s)})")  # fmt: skip
     share = _number(s.recommend_min_horizon_share)
-    share_pct = _number(s.recommend_min_horizon_share * 100)
     heavy = _number(s.split_min_prefill_time_share)
     heavy_pct = _number(s.split_min_prefill_time_share * 100)
     ttft_share = f'pool:splitscope_interference:ttft_missed_share{horizon}{{pool="colocated"}}'
@@ -460,16 +476,6 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
     prefill_share = f"pool:{step}:prefill_time_share{horizon}"
     on_pool = f"on ({g('pool')})"
     slo = f"SLO {_number(s.ttft_slo_s)} s to the first token, {_number(s.itl_slo_s * 1000)} ms between tokens"
-    # Empty for pools with step timing, so their text reads as before.
-    request_note = (
-        f"{{{{ if $labels.{SIGNAL_LABEL} }}}} This pool reports no step timing (an engine watched "
-        "through the sidecar): interference was judged from request spans (DecodeInterference's "
-        "request-level signal) and the prefill share from time with a request in prefill over "
-        "time with any request running.{{ end }}"
-    )
-    judged = f"""Judged over the last {horizon}, so bursts that recur count and a single burst does not:
-            for at least {share_pct}% of it the pool interfered (mean or p99 step-time ratio over its factor)
-            while more than {_number((1 - s.recommend_attainment_ratio) * 100)}% of"""
     return [
         _alert(
             s, "DecodeInterference",
@@ -506,37 +512,35 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             {_number(s.interference_tail_factor)}x). Every decode request in such a step waits for the
             prefill, which shows up as inter-token latency spikes.{{{{ end }}}}""",
         ),
-        _alert(
+        _recommendation(
             s, "SplitRecommended",
             "\nor\n".join((
                 _tagged(f"{ttft_share} >= {share}", "slo_missed", "ttft"),
                 _tagged(f"({itl_share} >= {share})\nand {on_pool} ({prefill_share} >= {heavy})"
                         f"\nunless {on_pool} ({ttft_share} >= {share})", "slo_missed", "itl"),
             )),
-            s.recommendation_for, "info",
             "Split prefill and decode into two pools (interfering while missing the {{ $labels.slo_missed }} "
             "SLO {{ $value | humanizePercentage }} of the time)",
-            f"""{judged} requests (ttft) or token gaps (itl) missed the {{{{ $labels.slo_missed }}}}
+            f"""requests (ttft) or token gaps (itl) missed the {{{{ $labels.slo_missed }}}}
             objective ({slo}). A TTFT miss calls
             for a split whatever the prefill load, since chunking delays first tokens further; an inter-token
             miss calls for one when prefill took at least {heavy_pct}% of the pool's step time over the
             {horizon}, enough load for a prefill pool of its own. Run `splitscope report` for the P:D
-            ratio.{request_note}""",
+            ratio.""",
         ),
-        _alert(
+        _recommendation(
             s, "ChunkedPrefillRecommended",
             f"""
             ({itl_share} >= {share})
             and {on_pool} ({prefill_share} < {heavy})
             unless {on_pool} ({ttft_share} >= {share})
             """,
-            s.recommendation_for, "info",
             "Enable chunked prefill (interfering while missing the inter-token SLO "
             "{{ $value | humanizePercentage }} of the time, light prefill load)",
-            f"""{judged} token gaps exceeded {_number(s.itl_slo_s * 1000)} ms, time to first token held, and
+            f"""token gaps exceeded {_number(s.itl_slo_s * 1000)} ms, time to first token held, and
             prefill took under {heavy_pct}% of the pool's step time over the {horizon}: too little to keep a
             second pool busy. Chunk prefills under a token budget (or lower the budget if chunking is on);
-            `splitscope report` suggests one.{request_note}""",
+            `splitscope report` suggests one.""",
         ),
     ]  # fmt: skip
 

@@ -25,7 +25,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from reference_server.demo import LAYOUTS, Workload, _kv_bytes_per_token, _load_config
+from reference_server.demo import LAYOUTS, DemoWorkload, _kv_bytes_per_token, _load_config
 from reference_server.launch import ServeConfig
 from reference_server.process import ServerProcess
 from tracer import spans as s
@@ -109,7 +109,7 @@ def volume(path: Path, tail: TailSampler | None, *, forget_violations: bool = Fa
             "json_per_request": json_total / requests, "protobuf_per_request": protobuf_total / requests}  # fmt: skip
 
 
-def run(folder: Path, preset: str, layout: str, workload: Workload, slo: SLO, step_sample: int) -> Path:
+def run(folder: Path, preset: str, layout: str, workload: DemoWorkload, slo: SLO, step_sample: int) -> Path:
     traces = folder / f"{layout}-step{step_sample}.jsonl"
     args = ["--preset", preset, "--traces-file", str(traces), *LAYOUTS[layout], "--step-sample", str(step_sample),
             "--slo-ttft", str(slo.ttft_s), "--slo-itl", str(slo.itl_s)]  # fmt: skip
@@ -134,7 +134,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="trace-volume-"))
     folder.mkdir(parents=True, exist_ok=True)
-    workload = Workload(duration_s=args.duration)
+    workload = DemoWorkload(duration_s=args.duration)
     slo = SLO(args.slo_ttft, args.slo_itl)
     print(
         f"{args.layout}, {args.preset}, demo workload for {args.duration:g} s, SLO ttft {slo.ttft_s:g} s itl {slo.itl_s:g} s"

@@ -295,7 +295,7 @@ def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Pat
     options = ReportOptions(
         shape.slo, kv_bytes_per_token=_kv_bytes_per_token(), max_batch=MAX_BATCH, confidence_resamples=confidence,
         # The served workers' token budget: a colocated or prefill-only step joins whole prompts up to it.
-        max_prefill_tokens_per_step=ServeConfig.chunk_budget,
+        max_prefill_tokens_per_step=ServeConfig.token_budget,
         # Simulated runs as long as the measured ones: a short overload queues less than a long one.
         sim_requests=len(schedule), sim_max_requests=len(schedule), sim_duration_s=1e-3,
     )  # fmt: skip

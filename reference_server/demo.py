@@ -43,7 +43,7 @@ from tracer.report.simulate import SLO
 
 
 @dataclass(frozen=True)
-class Workload:
+class DemoWorkload:
     """The demo's traffic: short chats that keep decodes running, and bursts of long prompts."""
 
     rate_rps: float = 2.0
@@ -62,7 +62,7 @@ LAYOUTS = {
 }
 
 
-def _load_config(url: str, model: str, workload: Workload, slo: SLO) -> LoadConfig:
+def _load_config(url: str, model: str, workload: DemoWorkload, slo: SLO) -> LoadConfig:
     return LoadConfig(
         url=url,
         model=model,
@@ -78,7 +78,7 @@ def _load_config(url: str, model: str, workload: Workload, slo: SLO) -> LoadConf
 
 
 def run_layout(
-    name: str, run_dir: Path, preset: str, workload: Workload, slo: SLO, console: Console
+    name: str, run_dir: Path, preset: str, workload: DemoWorkload, slo: SLO, console: Console
 ) -> tuple[LoadResult, Report]:
     """Serve one layout, load it, stop it (traces flushed), and report on its traces."""
     layout_dir = run_dir / name
@@ -110,7 +110,7 @@ def run_layout(
     return result, report
 
 
-def _sized_to(preset: str, workload: Workload) -> Workload:
+def _sized_to(preset: str, workload: DemoWorkload) -> DemoWorkload:
     """The workload with its long prompts cut to what the preset's context holds beside the output (the
     server refuses a longer request, and the bursts are the point of the demo)."""
     from reference_server.model import ModelArgs
@@ -169,7 +169,7 @@ def demo_command(preset: str, out_dir: Path, duration_s: float, slo_ttft: float,
     run_dir = out_dir / time.strftime("%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     slo = SLO(ttft_s=slo_ttft, itl_s=slo_itl)
-    workload = _sized_to(preset, Workload(duration_s=duration_s, seed=seed))
+    workload = _sized_to(preset, DemoWorkload(duration_s=duration_s, seed=seed))
     results: dict[str, LoadResult] = {}
     reports: dict[str, Report] = {}
     for name in LAYOUTS:

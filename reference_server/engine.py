@@ -34,8 +34,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable
-from collections.abc import Sequence as SequenceOf
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,15 @@ import torch
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, KVCachePool, OutOfBlocks, blocks_for_tokens
 from reference_server.model import SeqSlice, Transformer, multinomial_sample_one_no_sync, sample_no_sync
-from reference_server.scheduler import QueueFull, Request, RequestRejected, Scheduler, SeqState, Sequence, StepPlan
+from reference_server.scheduler import (
+    QueueFull,
+    Request,
+    RequestRejected,
+    ScheduledRequest,
+    Scheduler,
+    SeqState,
+    StepPlan,
+)
 from tracer import TraceContext
 from tracer import spans as s
 from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics
@@ -84,7 +91,7 @@ class Tracked:
     kv_dst: tuple[str, int] | None = None  # prefill role: the decode worker's KV receiver
     kv_dst_worker: str = ""
     remote_cached_tokens: int = 0  # decode role: prefix-cache hits on the prefill worker
-    seq: Sequence | None = None
+    seq: ScheduledRequest | None = None
     prefill_start: Any = None  # clock mark at the start of the step that began its prefill
     decode_start: Any = None  # clock mark when its first token reached the host
     token_perf_ns: array = field(default_factory=lambda: array("q"))
@@ -252,7 +259,7 @@ class Engine:
                     return None
                 self._room.wait(remaining_s)
 
-    def free_blocks(self, block_ids: SequenceOf[int]) -> None:
+    def free_blocks(self, block_ids: Sequence[int]) -> None:
         """KV receiver callback: give back the blocks of a failed transfer."""
         with self._room:
             self.allocator.free(block_ids)

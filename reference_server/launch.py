@@ -25,6 +25,7 @@ from typing import Any
 
 import click
 
+from reference_server.engine_options import EngineOptions, worker_argv
 from reference_server.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
@@ -35,7 +36,10 @@ STOP_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
-class ServeConfig:
+class ServeConfig(EngineOptions):
+    """`splitscope serve`'s settings: the layout and the router's, plus the engine settings every worker
+    gets (`EngineOptions`, keyword-only; `token_budget` is the `--chunk-budget` flag)."""
+
     mode: str = "colocated"
     workers: int = 1
     prefill_workers: int = 1
@@ -43,18 +47,7 @@ class ServeConfig:
     preset: str = "small"
     host: str = "127.0.0.1"
     port: int = 8000
-    traces_file: str | None = None
     metrics_port: int | None = None
-    chunk_budget: int = 512
-    block_size: int = 16
-    kv_streams: int = 4
-    step_sample: int = 1
-    device: str = "cpu"
-    sidecar_socket: str | None = None
-    seed: int = 0
-    max_batch: int = 16
-    kv_blocks: int = 0
-    kv_wait_s: float = 5.0
     slo_ttft: float | None = None  # seconds; the router marks root spans that miss it
     slo_itl: float | None = None  # seconds, on each request's p99 inter-token gap
     startup_timeout_s: float = 300.0
@@ -81,8 +74,8 @@ class ServeConfig:
                             ("--kv-streams", self.kv_streams), ("--step-sample", self.step_sample)):  # fmt: skip
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1 (got {value})")
-        if self.chunk_budget <= self.max_batch:
-            raise ValueError(f"--chunk-budget ({self.chunk_budget}) must exceed --max-batch ({self.max_batch})")
+        if self.token_budget <= self.max_batch:
+            raise ValueError(f"--chunk-budget ({self.token_budget}) must exceed --max-batch ({self.max_batch})")
         if not 0 <= self.kv_wait_s <= 60:
             raise ValueError(f"--kv-wait-s must be in [0, 60] seconds, got {self.kv_wait_s}")
         if self.kv_blocks < 0:
@@ -100,6 +93,9 @@ class ServeConfig:
                 raise ValueError("--device cuda was asked for, but torch sees no CUDA device")
 
 
+DEFAULTS = ServeConfig()  # the CLI's defaults are the dataclass's
+
+
 @dataclass
 class WorkerProcess:
     role: str
@@ -109,19 +105,11 @@ class WorkerProcess:
 
 
 def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> list[str]:
-    command = [
+    return [
         sys.executable, "-m", "reference_server.worker", "--role", role, "--name", name,
-        "--parent-pid", str(os.getpid()), "--preset", config.preset, "--device", config.device,
-        "--block-size", str(config.block_size), "--kv-blocks", str(config.kv_blocks),
-        "--max-batch", str(config.max_batch), "--token-budget", str(config.chunk_budget),
-        "--kv-streams", str(config.kv_streams), "--seed", str(config.seed),
-        "--step-sample", str(config.step_sample), "--threads", str(threads), "--kv-wait-s", str(config.kv_wait_s),
+        "--parent-pid", str(os.getpid()), "--preset", config.preset, "--threads", str(threads),
+        *worker_argv(config),
     ]  # fmt: skip
-    if config.traces_file:
-        command += ["--traces-file", config.traces_file]
-    if config.sidecar_socket:
-        command += ["--sidecar-socket", config.sidecar_socket]
-    return command
 
 
 async def _forward_output(stream: asyncio.StreamReader, name: str) -> None:
@@ -298,20 +286,33 @@ def _url_host(host: str) -> str:
 @click.option("--workers", type=int, default=None, help="workers in a colocated/chunked layout [1]")
 @click.option("--prefill-workers", type=int, default=None, help="prefill workers (disaggregated) [1]")
 @click.option("--decode-workers", type=int, default=None, help="decode workers (disaggregated) [1]")
-@click.option("--preset", default="small", show_default=True, help="model shape preset (tiny, small, ...)")
-@click.option("--host", default="127.0.0.1", show_default=True, help="address the router binds")
+@click.option("--preset", default=DEFAULTS.preset, show_default=True, help="model shape preset (tiny, small, ...)")
+@click.option("--host", default=DEFAULTS.host, show_default=True, help="address the router binds")
 @click.option(
     "--port",
     type=int,
-    default=8000,
+    default=DEFAULTS.port,
     show_default=True,
     help="router port (/v1/completions, /health, /metrics); 0 picks a free one (printed)",
 )
 @click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
 @click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
-@click.option("--chunk-budget", type=int, default=512, show_default=True, help="tokens per step in chunked mode")
-@click.option("--block-size", type=int, default=16, show_default=True, help="KV block size in tokens")
-@click.option("--kv-streams", type=int, default=4, show_default=True, help="parallel TCP streams per KV transfer")
+@click.option(
+    "--chunk-budget",
+    "token_budget",
+    type=int,
+    default=DEFAULTS.token_budget,
+    show_default=True,
+    help="tokens per step in chunked mode",
+)
+@click.option("--block-size", type=int, default=DEFAULTS.block_size, show_default=True, help="KV block size in tokens")
+@click.option(
+    "--kv-streams",
+    type=int,
+    default=DEFAULTS.kv_streams,
+    show_default=True,
+    help="parallel TCP streams per KV transfer",
+)
 @click.option(
     "--step-sample",
     type=click.IntRange(min=1),
@@ -331,15 +332,17 @@ def _url_host(host: str) -> str:
     default=None,
     help="inter-token objective on each request's p99 gap (s)",
 )
-@click.option("--device", default="cpu", show_default=True, help="cpu or cuda")
+@click.option("--device", default=DEFAULTS.device, show_default=True, help="cpu or cuda")
 @click.option("--sidecar-socket", default=None, help="ship spans to a splitscope sidecar on this Unix socket")
-@click.option("--seed", type=int, default=0, show_default=True, help="model weight seed")
-@click.option("--max-batch", type=int, default=16, show_default=True, help="sequences per engine step")
-@click.option("--kv-blocks", type=int, default=0, show_default=True, help="KV blocks per worker (0: automatic)")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="model weight seed")
+@click.option("--max-batch", type=int, default=DEFAULTS.max_batch, show_default=True, help="sequences per engine step")
+@click.option(
+    "--kv-blocks", type=int, default=DEFAULTS.kv_blocks, show_default=True, help="KV blocks per worker (0: automatic)"
+)
 @click.option(
     "--kv-wait-s",
     type=float,
-    default=5.0,
+    default=DEFAULTS.kv_wait_s,
     show_default=True,
     help="how long a decode worker waits for KV room before refusing a transfer (the client gets 503)",
 )

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Sequence as SequenceOf
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, OutOfBlocks, blocks_for_tokens
@@ -77,7 +77,7 @@ class SeqState(enum.Enum):
 
 
 @dataclass(eq=False)
-class Sequence:
+class ScheduledRequest:
     """One request's state on this worker. Read it freely; only the scheduler changes it."""
 
     request: Request
@@ -113,7 +113,7 @@ class Sequence:
 class PrefillChunk:
     """Prompt positions [start, end) of `seq` computed in this step; `is_last` when it completes the prompt."""
 
-    seq: Sequence
+    seq: ScheduledRequest
     start: int
     end: int
 
@@ -134,7 +134,7 @@ class PrefillChunk:
 class DecodeSlot:
     """One decode token of `seq` in this step: feed `token_id` at `position`."""
 
-    seq: Sequence
+    seq: ScheduledRequest
     token_id: int
     position: int
 
@@ -147,7 +147,7 @@ class StepPlan:
     prefills: tuple[PrefillChunk, ...]
 
     @property
-    def sequences(self) -> tuple[Sequence, ...]:
+    def sequences(self) -> tuple[ScheduledRequest, ...]:
         """The order of `on_step_done`'s tokens: the decodes' sequences, then the chunks' sequences."""
         return tuple(d.seq for d in self.decodes) + tuple(c.seq for c in self.prefills)
 
@@ -182,9 +182,9 @@ class StepPlan:
 class StepOutcome:
     """What `on_step_done` changed: tokens to stream, and sequences that left the running set."""
 
-    emitted: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, new token id)
-    finished: list[Sequence] = field(default_factory=list)  # blocks already freed
-    handed_off: list[Sequence] = field(default_factory=list)  # prefill-only: transfer KV, then finish()
+    emitted: list[tuple[ScheduledRequest, int]] = field(default_factory=list)  # (sequence, new token id)
+    finished: list[ScheduledRequest] = field(default_factory=list)  # blocks already freed
+    handed_off: list[ScheduledRequest] = field(default_factory=list)  # prefill-only: transfer KV, then finish()
 
 
 class Scheduler:
@@ -217,10 +217,10 @@ class Scheduler:
         self.max_context_tokens = max_context_tokens
         self.prefix_caching = prefix_caching and policy != "decode-only"
         self.max_waiting_requests = max_waiting_requests
-        self._waiting: deque[Sequence] = deque()
-        self._running: list[Sequence] = []  # PREFILLING and DECODING, in admission order
-        self._handed_off: dict[str, Sequence] = {}
-        self._live: dict[str, Sequence] = {}
+        self._waiting: deque[ScheduledRequest] = deque()
+        self._running: list[ScheduledRequest] = []  # PREFILLING and DECODING, in admission order
+        self._handed_off: dict[str, ScheduledRequest] = {}
+        self._live: dict[str, ScheduledRequest] = {}
         self._plan_in_flight: StepPlan | None = None
         self.prefix_queried_tokens_total = 0
         self.prefix_hit_tokens_total = 0
@@ -239,7 +239,7 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self._waiting or self._running)
 
-    def get(self, seq_id: str) -> Sequence:
+    def get(self, seq_id: str) -> ScheduledRequest:
         try:
             return self._live[seq_id]
         except KeyError:
@@ -270,17 +270,17 @@ class Scheduler:
         if len(self._waiting) >= self.max_waiting_requests:
             raise QueueFull(f"{len(self._waiting)} requests already waiting (bound {self.max_waiting_requests})")
 
-    def add(self, request: Request) -> Sequence:
+    def add(self, request: Request) -> ScheduledRequest:
         """Queue a new prompt (all policies but decode-only). Raises RequestRejected or QueueFull."""
         if self.policy == "decode-only":
             raise RequestRejected("a decode-only scheduler takes prefilled sequences: use add_prefilled()")
         self._check_admissible(request)
-        seq = Sequence(request)
+        seq = ScheduledRequest(request)
         self._waiting.append(seq)
         self._live[seq.seq_id] = seq
         return seq
 
-    def add_prefilled(self, request: Request, block_table: BlockTable, first_token_id: int) -> Sequence:
+    def add_prefilled(self, request: Request, block_table: BlockTable, first_token_id: int) -> ScheduledRequest:
         """Decode-only: register a sequence whose prompt KV is in `block_table` and whose first token is known.
 
         The scheduler takes ownership of the table's blocks (it frees them when the sequence ends) and
@@ -307,7 +307,7 @@ class Scheduler:
         if missing > 0:
             block_table.block_ids.extend(self.allocator.allocate(missing))
         block_table.num_tokens = prompt_len
-        seq = Sequence(request, block_table=block_table, num_computed_tokens=prompt_len)
+        seq = ScheduledRequest(request, block_table=block_table, num_computed_tokens=prompt_len)
         self._live[seq.seq_id] = seq
         seq.output_token_ids.append(first_token_id)
         if not self._finish_if_done(seq):
@@ -316,7 +316,7 @@ class Scheduler:
 
     # --- scheduling -------------------------------------------------------------------------------
 
-    def _admit(self, seq: Sequence) -> bool:
+    def _admit(self, seq: ScheduledRequest) -> bool:
         """Give the head of the queue its blocks (prefix hits first). False when the cache is short."""
         if self.policy == "decode-only":  # its blocks came with it
             seq.state = SeqState.DECODING
@@ -342,7 +342,7 @@ class Scheduler:
         seq.state = SeqState.PREFILLING
         return True
 
-    def _admit_next(self) -> Sequence | None:
+    def _admit_next(self) -> ScheduledRequest | None:
         if not self._waiting or len(self._running) >= self.max_batch_seqs:
             return None
         seq = self._waiting[0]
@@ -410,7 +410,7 @@ class Scheduler:
 
     # --- completion -------------------------------------------------------------------------------
 
-    def on_step_done(self, plan: StepPlan, next_token_ids: SequenceOf[int]) -> StepOutcome:
+    def on_step_done(self, plan: StepPlan, next_token_ids: Sequence[int]) -> StepOutcome:
         """Record a finished iteration. `next_token_ids[i]` is the token sampled for `plan.sequences[i]`
         (ignored for prefill chunks that do not complete their prompt). Sequences aborted while the step
         ran are skipped.
@@ -457,7 +457,7 @@ class Scheduler:
             self._emit(seq, token_id, outcome)
         return outcome
 
-    def on_step_failed(self, plan: StepPlan, reason: str = "error") -> list[Sequence]:
+    def on_step_failed(self, plan: StepPlan, reason: str = "error") -> list[ScheduledRequest]:
         """The iteration raised: end every sequence in it (blocks freed) so the rest keep serving."""
         if plan is not self._plan_in_flight:
             raise RuntimeError("on_step_failed() got a plan that is not the one in flight")
@@ -469,13 +469,13 @@ class Scheduler:
                 ended.append(seq)
         return ended
 
-    def _emit(self, seq: Sequence, token_id: int, outcome: StepOutcome) -> None:
+    def _emit(self, seq: ScheduledRequest, token_id: int, outcome: StepOutcome) -> None:
         seq.output_token_ids.append(token_id)
         outcome.emitted.append((seq, token_id))
         if self._finish_if_done(seq):
             outcome.finished.append(seq)
 
-    def _finish_if_done(self, seq: Sequence) -> bool:
+    def _finish_if_done(self, seq: ScheduledRequest) -> bool:
         output = seq.output_token_ids
         stop_sequences = seq.request.stop_sequences
         if output[-1] in seq.request.stop_token_ids or (stop_sequences and _ends_with_any(output, stop_sequences)):
@@ -484,17 +484,17 @@ class Scheduler:
             self._end(seq, "length")
         return seq.is_finished
 
-    def finish(self, seq_id: str, reason: str = "handed_off") -> Sequence:
+    def finish(self, seq_id: str, reason: str = "handed_off") -> ScheduledRequest:
         """End a live sequence in any state and free its blocks (prefill-only: call after the KV transfer)."""
         seq = self.get(seq_id)
         self._end(seq, reason)
         return seq
 
-    def abort(self, seq_id: str) -> Sequence:
+    def abort(self, seq_id: str) -> ScheduledRequest:
         """Cancel a live sequence (client gone, transfer failed); its blocks are freed."""
         return self.finish(seq_id, "abort")
 
-    def _end(self, seq: Sequence, reason: str) -> None:
+    def _end(self, seq: ScheduledRequest, reason: str) -> None:
         if seq.state is SeqState.WAITING:
             self._waiting.remove(seq)
         elif seq.state in (SeqState.PREFILLING, SeqState.DECODING) and seq in self._running:

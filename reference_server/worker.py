@@ -49,6 +49,7 @@ from reference_server.engine import (
     Engine,
     default_kv_blocks,
 )
+from reference_server.engine_options import EngineOptions, flag_of
 from reference_server.kv_cache import KVCachePool, kv_bytes_per_token
 from reference_server.model import ModelArgs, build_model
 from reference_server.process_guard import die_with_parent
@@ -71,24 +72,16 @@ NDJSON = "application/x-ndjson"
 
 
 @dataclass(frozen=True)
-class WorkerOptions:
+class WorkerOptions(EngineOptions):
+    """One worker's settings: its role and name, what only a worker has, and the engine settings the
+    launcher passes on (`EngineOptions`, keyword-only). Every field but role and name is a flag."""
+
     role: str
     name: str
     preset: str = "tiny"
-    device: str = "cpu"
     host: str = "127.0.0.1"
-    block_size: int = 16
-    kv_blocks: int = 0  # 0: enough for max_batch full-length sequences (capped at 1 GiB)
-    max_batch: int = 16
-    token_budget: int = 512
-    kv_streams: int = 4
-    seed: int = 0
-    traces_file: str | None = None
-    step_sample: int = 1
-    sidecar_socket: str | None = None
     threads: int = 0  # torch intra-op threads; 0 leaves torch's default
     max_waiting: int = 256
-    kv_wait_s: float = 5.0  # decode: how long a KV transfer waits for room before it is refused
 
 
 def internal_api_token(host: str) -> str | None:
@@ -459,8 +452,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
     for field_name, value in asdict(defaults).items():
         if field_name in ("role", "name"):
             continue
-        flag = "--" + field_name.replace("_", "-")
-        parser.add_argument(flag, type=type(value) if value is not None else str, default=value)
+        parser.add_argument(flag_of(field_name), type=type(value) if value is not None else str, default=value)
     ns = parser.parse_args(argv)
     values = {k: v for k, v in vars(ns).items() if k != "parent_pid"}
     try:

@@ -403,11 +403,14 @@ class BulkHistogram(Collector):
                 child = self._children[key] = BulkHistogramChild(self._bounds)
             return child
 
+    def _family(self) -> HistogramMetricFamily:
+        return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
     def describe(self) -> list[HistogramMetricFamily]:
-        return [HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)]
+        return [self._family()]
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
+        family = self._family()
         with self._lock:
             children = list(self._children.items())
         for key, child in children:

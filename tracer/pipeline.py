@@ -51,6 +51,9 @@ STEP_TRACE_WINDOW_NS = 60_000_000_000
 
 
 class Sink(Protocol):
+    """Where the pipeline hands its spans. `emit` runs on the pipeline thread and must not block: that
+    thread's drains are what keep the ring at its capacity in a process without the garbage collector."""
+
     def emit(self, batch: Sequence[s.SpanData]) -> None: ...
 
     def shutdown(self, timeout_s: float) -> None: ...
@@ -240,12 +243,13 @@ class Pipeline:
         Every record drained either becomes a span the sink took, waits in the pending list, or is counted
         through `on_drop` (bad_record, pending_full, ring_full, sink_error)."""
         now = perf_counter_ns()
-        records = self._pending + [RECORD_TYPES[r[0]]._make(r) for r in self.ring.drain(self.ring.capacity)]
+        records = self._pending + self.ring.drain(self.ring.capacity)
         self._pending = []
         out: list[s.SpanData] = []
         bad = 0
-        for record in records:
+        for raw in records:
             try:
+                record = RECORD_TYPES[raw[0]]._make(raw)  # inside the try: a malformed tuple is one bad record
                 interval = self._interval(record, now, force_host_timing)
                 if interval is None:
                     self._pending.append(record)
@@ -253,7 +257,7 @@ class Pipeline:
                 out.append(self._convert[record.kind](record, interval))
             except Exception:  # one malformed record (e.g. an unknown stage name) must not cost the batch
                 if not bad:
-                    log.exception("splitscope pipeline: dropping a malformed record %r", record[:3])
+                    log.exception("splitscope pipeline: dropping a malformed record %.120r", raw)
                 bad += 1
         if bad:
             self._drop(DropReason.BAD_RECORD, bad)

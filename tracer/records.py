@@ -12,7 +12,6 @@ are dropped and counted off the hot path (see `RecordRing`).
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import threading
 import weakref
@@ -20,8 +19,6 @@ from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
-
-log = logging.getLogger(__name__)
 
 # The hot path pushes plain tuples (a NamedTuple's constructor costs three times a tuple display);
 # the first field says which record it is, and the pipeline views it through the NamedTuples below.
@@ -107,31 +104,30 @@ RECORD_TYPES: dict[int, Any] = {  # record kind -> its NamedTuple view
 
 
 class RecordRing:
-    """Bounded multi-producer, single-consumer ring; drop-oldest when full, each drop counted in `dropped`
-    (but for the logged backstop case at the end of this docstring).
+    """Bounded multi-producer, single-consumer ring; drop-oldest beyond `capacity`, every drop counted in
+    `dropped`: each record appended is either drained or counted, exactly.
 
     Producers call `append` (the deque's own method: atomic, never blocks): that is the whole hot path,
     no counter and no length check. The bound is kept off the hot path by `trim()`, which pops the oldest
-    records beyond `capacity` and counts each one. The consumer trims on every `drain`; between drains a
-    garbage-collector callback trims too. That callback runs often enough because holding records is
-    what makes CPython collect: every record a producer adds is a new GC-tracked tuple, so while records
-    pile up a young-generation collection starts at least every `gc.get_threshold()[0]` of them (700 by
-    default), on whichever thread allocated, once the tuple free list (2,000) is used up. So the ring holds
-    at most about `capacity` + threshold + 2,000 records even when the consumer is stuck, and every record
-    is either drained or counted in `dropped`.
+    records beyond `capacity` and counts each one. The consumer trims on every `drain` (the pipeline every
+    `interval_s`: its sink never blocks it); between drains a garbage-collector callback trims too. That
+    callback runs often because holding records is what makes CPython collect: every record a producer
+    adds is a new GC-tracked tuple, so a young-generation collection starts at least every
+    `gc.get_threshold()[0]` of them (700 by default) once the tuple free list (2,000) is used up.
 
-    Backstop: the deque's own `maxlen` is `capacity` + max(`slack`, 4 x the threshold when the ring is
-    made), for a process that disables the collector (or raises its threshold later) while its consumer
-    is stuck. Records the deque drops there cannot be counted; `trim` logs that once.
+    The deque itself has no `maxlen`, on purpose: a deque drops past its `maxlen` silently, and that can
+    be reached. While one thread runs a collection (and so this ring's callback), CPython starts no other:
+    when that callback waits for the interpreter lock, the other producers append unchecked for a switch
+    interval or more (`sys.getswitchinterval()`, 5 ms: tens of thousands of records in a tight loop). So
+    the ring may briefly hold more than `capacity` (a collection or drain later trims it, counting), and
+    in a process that disables the collector it holds what arrives between two drains.
     After `fork`, the child starts with an empty ring (the records belong to the parent's exporter).
     """
 
-    def __init__(self, capacity: int = 65536, slack: int = 16384) -> None:
+    def __init__(self, capacity: int = 65536) -> None:
         if capacity < 2:
             raise ValueError("ring capacity must be at least 2")
         self.capacity = capacity
-        self.hard_capacity = capacity + max(slack, 4 * gc.get_threshold()[0])
-        self._warned_hard_bound = False
         self._reset()
         call_in_child_after_fork(self._reset)
         self._gc_callback = _trim_on_collect(weakref.ref(self))
@@ -139,7 +135,7 @@ class RecordRing:
         weakref.finalize(self, _forget_callback, self._gc_callback)
 
     def _reset(self) -> None:
-        self._items: deque[Any] = deque(maxlen=self.hard_capacity)
+        self._items: deque[Any] = deque()  # no maxlen: its drops could not be counted (see the class)
         self.append = self._items.append
         self._counting = threading.Lock()  # guards `dropped` only; renewed here in case fork caught it held
         self.dropped = 0
@@ -164,13 +160,6 @@ class RecordRing:
         items = self._items
         if len(items) <= self.capacity:
             return
-        if len(items) == self.hard_capacity and not self._warned_hard_bound:
-            self._warned_hard_bound = True
-            log.warning(
-                "splitscope tracer: the record ring reached its hard bound of %d records; records dropped "
-                "there are not counted (is the garbage collector disabled while the pipeline is stuck?)",
-                self.hard_capacity,
-            )
         pop = items.popleft
         popped = 0
         try:

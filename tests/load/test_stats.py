@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracer.load.client import BAD_EVENT, INFLIGHT_CAP, TIMEOUT, RequestRecord
+from tracer.load.client import BAD_EVENT, INFLIGHT_CAP, TIMEOUT, RequestMeasurement
 from tracer.load.config import ClientSLO
 from tracer.load.stats import Distribution, itl_p99_s, meets_slo, summarize
 
 
-def _record(index: int, *, ttft_s: float, itl_s: list[float], tokens: int | None = None) -> RequestRecord:
-    record = RequestRecord(
+def _record(index: int, *, ttft_s: float, itl_s: list[float], tokens: int | None = None) -> RequestMeasurement:
+    record = RequestMeasurement(
         index=index,
         source="replay",
         session=None,
@@ -54,7 +54,7 @@ def test_slo_checks_ttft_itl_p99_and_tpot() -> None:
 def test_summary_counts_attainment_and_goodput() -> None:
     records = [_record(i, ttft_s=0.05 * (i + 1), itl_s=[0.01, 0.02 * i]) for i in range(6)]
     records[4].fail(BAD_EVENT, "junk")
-    records[5] = RequestRecord(
+    records[5] = RequestMeasurement(
         index=5, source="replay", session=None, scheduled_s=5.0, prompt_tokens=1, requested_output_tokens=1
     )
     records[5].fail(INFLIGHT_CAP, "cap")

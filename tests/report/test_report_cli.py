@@ -12,7 +12,8 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from tracer.report.cli import parse_duration_s, report_command
+from tracer.cli_options import parse_duration_s
+from tracer.report.cli import report_command
 
 
 def _args(sc, path, *extra: str) -> list[str]:

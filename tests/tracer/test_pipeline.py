@@ -21,7 +21,7 @@ from tracer.local_sink import MetricsRecorder
 from tracer.metrics import Catalogue
 from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.pipeline import SpanBuilder
-from tracer.records import KIND_REQUEST, RequestRecord
+from tracer.records import KIND_REQUEST, KIND_STEP, RequestRecord
 from tracer.slo_outcome import RequestSlo
 from tracer.timing import default_clock
 from tracer.traces import iter_spans
@@ -322,6 +322,19 @@ def test_a_malformed_record_is_dropped_and_counted_without_losing_the_batch(trac
     worker.tracer.stage("prefill", ctx, 0, 10)
     worker.tracer.stage("no-such-stage", ctx, 0, 10)
     worker.tracer.stage("decode-ish", None, 0, 10)
+    worker.tracer.stage("queue", ctx, 0, 10)
+    worker.shutdown(1.0)
+    assert sorted(span.name for span in exporter.get_finished_spans()) == [s.SPAN_PREFILL, s.SPAN_QUEUE]
+    assert sample(registry, "splitscope_tracer_dropped_records_total", {"reason": "bad_record"}) == 2
+
+
+def test_a_tuple_that_is_no_record_is_counted_as_bad_without_losing_the_batch(traced):
+    start, exporter, registry = traced
+    worker = start("colocated", "w0", interval_s=3600)
+    ctx = TraceContext.new_root().child(1)
+    worker.tracer.stage("prefill", ctx, 0, 10)
+    worker.tracer.ring.append((KIND_STEP, 0))  # too short for a step record
+    worker.tracer.ring.append((99,))  # no such record kind
     worker.tracer.stage("queue", ctx, 0, 10)
     worker.shutdown(1.0)
     assert sorted(span.name for span in exporter.get_finished_spans()) == [s.SPAN_PREFILL, s.SPAN_QUEUE]

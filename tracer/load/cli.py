@@ -11,26 +11,11 @@ import click
 from rich.console import Console
 from rich.live import Live
 
+from tracer.cli_options import Duration
 from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig
 from tracer.load.display import LiveView, summary_tables
 from tracer.load.results import LoadResult
 from tracer.load.runner import RunProgress, run_load
-
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-class Seconds(click.ParamType):
-    """A duration: a number of seconds, or with a unit: 250ms, 1.5s, 2m, 1h."""
-
-    name = "SECONDS"
-
-    def convert(self, value, param, ctx):  # untyped: click's signature
-        if isinstance(value, (int, float)):
-            return float(value)
-        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|m|h)?\s*", str(value))
-        if not match:
-            self.fail(f"{value!r} is not a duration (e.g. 0.5, 500ms, 2s, 5m)", param, ctx)
-        return float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
 
 
 class Tokenizer(click.ParamType):
@@ -65,7 +50,7 @@ class BurstParam(click.ParamType):
             self.fail(str(exc), param, ctx)
 
 
-SECONDS = Seconds()
+SECONDS = Duration(positive=False)  # zero passes here; the load config says which options need more
 
 
 @click.command("load")

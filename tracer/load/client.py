@@ -1,7 +1,7 @@
 """One streamed completion request and what the client measured about it.
 
 `CompletionClient.send` runs on the runner's event loop; it never raises for a failed request (the
-failure is classified into `RequestRecord.error_kind`), only for bugs. Times are seconds on the run's
+failure is classified into `RequestMeasurement.error_kind`), only for bugs. Times are seconds on the run's
 clock (`clock()`: perf_counter seconds since the run started).
 
 Token accounting follows OpenAI streaming: an SSE event `data: {...}` whose `choices[0].text` is
@@ -25,7 +25,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tracer.load.workload import PlannedRequest
 
-# Error kinds (the values of RequestRecord.error_kind).
+# Error kinds (the values of RequestMeasurement.error_kind).
 HTTP_4XX = "http_4xx"  # also any other non-2xx, non-5xx status
 HTTP_5XX = "http_5xx"
 CONNECT = "connect"  # no response status received: refused, reset, DNS, TLS
@@ -43,7 +43,7 @@ _ERROR_BODY_BYTES = 300
 
 
 @dataclass
-class RequestRecord:
+class RequestMeasurement:
     """Client-side measurements of one request. Durations in seconds; None where not reached.
 
     `scheduled_s`/`sent_s` are offsets from the run start; `lag_s` = sent_s - scheduled_s (how far the
@@ -74,7 +74,7 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
 
     @classmethod
-    def planned(cls, planned: PlannedRequest) -> RequestRecord:
+    def planned(cls, planned: PlannedRequest) -> RequestMeasurement:
         return cls(
             index=planned.index,
             source=planned.source,
@@ -122,9 +122,9 @@ class CompletionClient:
         self._timeout_s = timeout_s
         self._clock = clock
 
-    async def send(self, planned: PlannedRequest, prompt: str) -> RequestRecord:
+    async def send(self, planned: PlannedRequest, prompt: str) -> RequestMeasurement:
         """Send one request and stream its answer to the end; returns its record (never raises on failure)."""
-        record = RequestRecord.planned(planned)
+        record = RequestMeasurement.planned(planned)
         record.trace_id, headers = new_traceparent()
         body = {
             "model": self._model,
@@ -152,7 +152,7 @@ class CompletionClient:
             record.tpot_s = (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
         return record
 
-    async def _exchange(self, body: dict, headers: dict[str, str], record: RequestRecord) -> None:
+    async def _exchange(self, body: dict, headers: dict[str, str], record: RequestMeasurement) -> None:
         try:
             async with self._session.post(self._endpoint, json=body, headers=headers) as response:
                 record.http_status = response.status
@@ -167,7 +167,7 @@ class CompletionClient:
             kind = CONNECT if record.http_status is None else STREAM_CLOSED
             raise _StreamError(kind, f"{type(exc).__name__}: {exc}") from None
 
-    async def _read_stream(self, response: aiohttp.ClientResponse, record: RequestRecord) -> None:
+    async def _read_stream(self, response: aiohttp.ClientResponse, record: RequestMeasurement) -> None:
         assert record.sent_s is not None
         last_chunk_s: float | None = None
         while True:
@@ -205,7 +205,7 @@ def _sse_data(line: bytes) -> str | None:
     return payload[1:] if payload.startswith(" ") else payload
 
 
-def _apply_event(data: str, record: RequestRecord) -> bool:
+def _apply_event(data: str, record: RequestMeasurement) -> bool:
     """Fold one event into `record`; True when it carried output text (one chunk)."""
     try:
         event = json.loads(data)

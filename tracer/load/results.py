@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tracer.load.client import RequestRecord
+from tracer.load.client import RequestMeasurement
 from tracer.load.config import LoadConfig
 from tracer.load.stats import Summary, itl_p99_s, meets_slo
 
@@ -22,7 +22,7 @@ from tracer.load.stats import Summary, itl_p99_s, meets_slo
 class LoadResult:
     config: LoadConfig
     started_unix_s: float  # wall clock at the run's time zero
-    records: list[RequestRecord]
+    records: list[RequestMeasurement]
     summary: Summary
     stopped_early: bool = False  # stopped before the schedule's end; records cover arrivals up to the stop
 

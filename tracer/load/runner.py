@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from tracer.load.client import INFLIGHT_CAP, OK, CompletionClient, RequestRecord
+from tracer.load.client import INFLIGHT_CAP, OK, CompletionClient, RequestMeasurement
 from tracer.load.config import LoadConfig
 from tracer.load.prompts import PromptFactory
 from tracer.load.results import LoadResult
@@ -49,7 +49,7 @@ class RunProgress:
     def inflight(self) -> int:
         return self.sent - self.finished
 
-    def on_finished(self, record: RequestRecord) -> None:
+    def on_finished(self, record: RequestMeasurement) -> None:
         self.finished += 1
         if record.status == OK:
             self.ok += 1
@@ -83,7 +83,7 @@ async def run_load(
     progress = progress if progress is not None else RunProgress()
     progress.scheduled = len(schedule)
     progress.last_arrival_s = schedule[-1].arrival_s if schedule else 0.0
-    records = [RequestRecord.planned(planned) for planned in schedule]
+    records = [RequestMeasurement.planned(planned) for planned in schedule]
 
     # The connector's limit matches the cap, so aiohttp never queues a due request behind a busy pool.
     connector = aiohttp.TCPConnector(limit=config.max_inflight)

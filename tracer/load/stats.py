@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tracer.load.client import ERROR, ERROR_KINDS, OK, SKIPPED, RequestRecord
+from tracer.load.client import ERROR, ERROR_KINDS, OK, SKIPPED, RequestMeasurement
 from tracer.load.config import ClientSLO
 
 PERCENTILES = (50, 90, 99)
@@ -68,19 +68,19 @@ class Summary:
         return asdict(self)
 
 
-def itl_p99_s(record: RequestRecord) -> float | None:
+def itl_p99_s(record: RequestMeasurement) -> float | None:
     """The p99 of one request's inter-token gaps (numpy 'linear'); None with no gaps."""
     return float(np.percentile(record.itl_s, 99)) if record.itl_s else None
 
 
-def meets_slo(record: RequestRecord, slo: ClientSLO) -> bool:
+def meets_slo(record: RequestMeasurement, slo: ClientSLO) -> bool:
     if record.status != OK:
         return False
     checks = ((record.ttft_s, slo.ttft_s), (itl_p99_s(record), slo.itl_s), (record.tpot_s, slo.tpot_s))
     return all(limit is None or value is None or value <= limit for value, limit in checks)
 
 
-def summarize(records: Sequence[RequestRecord], slo: ClientSLO, wall_s: float) -> Summary:
+def summarize(records: Sequence[RequestMeasurement], slo: ClientSLO, wall_s: float) -> Summary:
     """The run's summary; `records` holds every scheduled request (sent or skipped)."""
     ok = [r for r in records if r.status == OK]
     sent = [r for r in records if r.sent_s is not None]

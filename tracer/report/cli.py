@@ -2,33 +2,11 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import click
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
-_UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration_s(text: str) -> float:
-    """`90`, `90s`, `15m`, `2h` -> seconds. Raises ValueError."""
-    match = _DURATION.match(text.strip())
-    if not match or float(match.group(1)) <= 0:
-        raise ValueError(f"not a positive duration: {text!r} (use e.g. 30s, 15m, 2h)")
-    return float(match.group(1)) * _UNIT_S[match.group(2)]
-
-
-class _Duration(click.ParamType):
-    name = "DURATION"
-
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        if isinstance(value, float):
-            return value
-        try:
-            return parse_duration_s(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+from tracer.cli_options import Duration
 
 
 @click.command("report")
@@ -65,7 +43,7 @@ class _Duration(click.ParamType):
     help="KV cache bytes per token (default: measured, else Llama-3-8B bf16).",
 )
 @click.option(
-    "--window", "window_s", type=_Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows."
+    "--window", "window_s", type=Duration(), help="Hysteresis window (e.g. 5m): a change must hold in most windows."
 )
 @click.option(
     "--max-batch",
@@ -83,7 +61,7 @@ class _Duration(click.ParamType):
     "--prometheus", "prometheus_url", help="Prometheus base URL for extra evidence (per-pool busy ratio, queues)."
 )
 @click.option(
-    "--since", "since_s", type=_Duration(), default="10m", show_default=True, help="Range for the Prometheus queries."
+    "--since", "since_s", type=Duration(), default="10m", show_default=True, help="Range for the Prometheus queries."
 )
 @click.option(
     "--metrics-file",
