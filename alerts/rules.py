@@ -153,23 +153,28 @@ def _miss_ratio(histogram: str, by: str, bound_s: float, fallback_s: float, wind
           sum without (le) (rate({histogram}_bucket{{{le_matcher(fallback_s)}}}[{window}]))
         )
     """)
-    return "\n".join((
-        "1 - (",
-        f"  sum by ({by}) {good}",
-        "  /",
-        f"  sum by ({by}) (rate({histogram}_count[{window}]) and {good})",
-        ")",
-    ))  # fmt: skip
+    return "\n".join(
+        (
+            "1 - (",
+            f"  sum by ({by}) {good}",
+            "  /",
+            f"  sum by ({by}) (rate({histogram}_count[{window}]) and {good})",
+            ")",
+        )
+    )
 
 
 def _slo_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     rules = []
     for window in BURN_WINDOWS:
-        rules.append({
-            "record": f"model_mode:{_Names.TTFT}:slo_miss_ratio_rate{window}",
-            "expr": _miss_ratio(_Names.TTFT, g("gen_ai_request_model", "mode"), s.ttft_slo_s,
-                                s.ttft_fallback_edge_s, window),
-        })  # fmt: skip
+        rules.append(
+            {
+                "record": f"model_mode:{_Names.TTFT}:slo_miss_ratio_rate{window}",
+                "expr": _miss_ratio(
+                    _Names.TTFT, g("gen_ai_request_model", "mode"), s.ttft_slo_s, s.ttft_fallback_edge_s, window
+                ),
+            }
+        )
         rules.append(
             {
                 "record": f"pool:{_Names.ITL}:slo_miss_ratio_rate{window}",
@@ -195,14 +200,15 @@ def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
             )
             """
 
-    windows = (f"burn windows 1h/5m over {_number(s.fast_burn_factor)}x, or 6h/30m over "
-               f"{_number(s.slow_burn_factor)}x")  # fmt: skip
+    windows = f"burn windows 1h/5m over {_number(s.fast_burn_factor)}x, or 6h/30m over {_number(s.slow_burn_factor)}x"
     fallback = "engines' histograms without that edge are judged at {edge} (conservative)"
     return [
         _alert(
-            s, "TTFTSLOBurn",
+            s,
+            "TTFTSLOBurn",
             burn(f"model_mode:{_Names.TTFT}:slo_miss_ratio_rate"),
-            s.slo_burn_for, "critical",
+            s.slo_burn_for,
+            "critical",
             "Time-to-first-token SLO burning for {{ $labels.gen_ai_request_model }} ({{ $labels.mode }})",
             f"""{{{{ $value | humanizePercentage }}}} of requests took longer than {_number(s.ttft_slo_s)} s
             to the first token ({fallback.format(edge=f"{_number(s.ttft_fallback_edge_s)} s")}); the
@@ -210,9 +216,11 @@ def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
             weeks ({windows}).""",
         ),
         _alert(
-            s, "ITLSLOBurn",
+            s,
+            "ITLSLOBurn",
             burn(f"pool:{_Names.ITL}:slo_miss_ratio_rate"),
-            s.slo_burn_for, "critical",
+            s.slo_burn_for,
+            "critical",
             "Inter-token latency SLO burning in pool {{ $labels.pool }}",
             f"""{{{{ $value | humanizePercentage }}}} of token gaps in pool {{{{ $labels.pool }}}} were
             longer than {_number(s.itl_slo_s * 1000)} ms ({fallback.format(edge=f"{_number(s.itl_fallback_edge_s * 1000)} ms")}).
@@ -220,7 +228,7 @@ def _slo_burn_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
             token gaps to exceed it, while `splitscope report` judges each request by its own p99 gap. At
             this rate the error budget runs out in days, not weeks ({windows}).""",
         ),
-    ]  # fmt: skip
+    ]
 
 
 # -- interference and the recommendations --------------------------------------------------------------------
@@ -294,7 +302,7 @@ def _request_interference_records(s: AlertSettings, g: _Grouping) -> list[dict[s
                 )
             """),
         },
-    ]  # fmt: skip
+    ]
 
 
 def _interference_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
@@ -464,10 +472,14 @@ def _recommendation(s: AlertSettings, name: str, expr: str, summary: str, findin
 
 def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     step, horizon, tpot = _Names.STEP, s.recommend_horizon, _Names.TPOT
-    enough_requests = (f'(pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}} >= '
-                       f"{_number(s.request_interference_min_requests_per_s)})")  # fmt: skip
-    enough_steps = (f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
-                    f"{_number(s.interference_min_steps_per_s)})")  # fmt: skip
+    enough_requests = (
+        f'(pool_{PREFILL_OVERLAP_LABEL}:{tpot}_count:rate5m{{{PREFILL_OVERLAP_LABEL}="true"}} >= '
+        f"{_number(s.request_interference_min_requests_per_s)})"
+    )
+    enough_steps = (
+        f"(min by ({g('pool')}) (pool_prefill_in_step:{step}_count:rate5m) >= "
+        f"{_number(s.interference_min_steps_per_s)})"
+    )
     share = _number(s.recommend_min_horizon_share)
     heavy = _number(s.split_min_prefill_time_share)
     heavy_pct = _number(s.split_min_prefill_time_share * 100)
@@ -478,23 +490,40 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
     slo = f"SLO {_number(s.ttft_slo_s)} s to the first token, {_number(s.itl_slo_s * 1000)} ms between tokens"
     return [
         _alert(
-            s, "DecodeInterference",
-            "\nor\n".join((
-                _tagged(f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)})"
-                        f"\nand {on_pool} {enough_steps}", "statistic", "mean"),
-                _tagged(f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)})"
+            s,
+            "DecodeInterference",
+            "\nor\n".join(
+                (
+                    _tagged(
+                        f"(pool:{step}:interference_ratio5m > {_number(s.interference_factor)})"
+                        f"\nand {on_pool} {enough_steps}",
+                        "statistic",
+                        "mean",
+                    ),
+                    _tagged(
+                        f"(pool:{step}:interference_tail_ratio5m > {_number(s.interference_tail_factor)})"
                         f"\nand {on_pool} (pool:{step}_count:min_increase5m >= {s.interference_tail_min_steps})"
                         f"\nand {on_pool} {enough_steps}"
                         f"\nunless {on_pool} (pool:{step}:interference_ratio5m > {_number(s.interference_factor)})",
-                        "statistic", "p99"),
-                # No step timing in the pool (an engine through the sidecar): the request-level signal.
-                _tagged(_tagged(
-                    f"(pool:splitscope_decode_overlap:interference_ratio5m > {_number(s.interference_factor)})"
-                    f"\nand {on_pool} {enough_requests}"
-                    f"\nunless {on_pool} pool_prefill_in_step:{step}_count:rate5m",
-                    "statistic", "mean"), SIGNAL_LABEL, REQUEST_SIGNAL),
-            )),
-            s.decode_interference_for, "warning",
+                        "statistic",
+                        "p99",
+                    ),
+                    # No step timing in the pool (an engine through the sidecar): the request-level signal.
+                    _tagged(
+                        _tagged(
+                            f"(pool:splitscope_decode_overlap:interference_ratio5m > {_number(s.interference_factor)})"
+                            f"\nand {on_pool} {enough_requests}"
+                            f"\nunless {on_pool} pool_prefill_in_step:{step}_count:rate5m",
+                            "statistic",
+                            "mean",
+                        ),
+                        SIGNAL_LABEL,
+                        REQUEST_SIGNAL,
+                    ),
+                )
+            ),
+            s.decode_interference_for,
+            "warning",
             f"{{{{ if $labels.{SIGNAL_LABEL} }}}}Steps with prefill run {_value_2f()}x slower than decode-only steps "
             "in pool {{ $labels.pool }} (from request spans)"
             f"{{{{ else }}}}Steps with prefill run {_value_2f()}x slower than pure decode steps in pool "
@@ -513,12 +542,19 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             prefill, which shows up as inter-token latency spikes.{{{{ end }}}}""",
         ),
         _recommendation(
-            s, "SplitRecommended",
-            "\nor\n".join((
-                _tagged(f"{ttft_share} >= {share}", "slo_missed", "ttft"),
-                _tagged(f"({itl_share} >= {share})\nand {on_pool} ({prefill_share} >= {heavy})"
-                        f"\nunless {on_pool} ({ttft_share} >= {share})", "slo_missed", "itl"),
-            )),
+            s,
+            "SplitRecommended",
+            "\nor\n".join(
+                (
+                    _tagged(f"{ttft_share} >= {share}", "slo_missed", "ttft"),
+                    _tagged(
+                        f"({itl_share} >= {share})\nand {on_pool} ({prefill_share} >= {heavy})"
+                        f"\nunless {on_pool} ({ttft_share} >= {share})",
+                        "slo_missed",
+                        "itl",
+                    ),
+                )
+            ),
             "Split prefill and decode into two pools (interfering while missing the {{ $labels.slo_missed }} "
             "SLO {{ $value | humanizePercentage }} of the time)",
             f"""requests (ttft) or token gaps (itl) missed the {{{{ $labels.slo_missed }}}}
@@ -529,7 +565,8 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             ratio.""",
         ),
         _recommendation(
-            s, "ChunkedPrefillRecommended",
+            s,
+            "ChunkedPrefillRecommended",
             f"""
             ({itl_share} >= {share})
             and {on_pool} ({prefill_share} < {heavy})
@@ -542,7 +579,7 @@ def _interference_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]
             second pool busy. Chunk prefills under a token budget (or lower the budget if chunking is on);
             `splitscope report` suggests one.""",
         ),
-    ]  # fmt: skip
+    ]
 
 
 # -- KV transfer and pools -------------------------------------------------------------------------------------
@@ -679,8 +716,10 @@ def _pool_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     on = f"on ({g.deployment})"
     selector = "{" + ",".join(f"{label}='%s'" for label in g.labels) + "}"
     label_args = " ".join(f"$labels.{label}" for label in g.labels)
-    decode_workers = (f'{{{{ with printf "deployment:splitscope_suggested_decode_workers:5m{selector}" '
-                      f'{label_args} | query }}}}{{{{ . | first | value }}}}{{{{ end }}}}')  # fmt: skip
+    decode_workers = (
+        f'{{{{ with printf "deployment:splitscope_suggested_decode_workers:5m{selector}" '
+        f"{label_args} | query }}}}{{{{ . | first | value }}}}{{{{ end }}}}"
+    )
     suggestion = f"{{{{ $value }}}}:{decode_workers}"
 
     def pool_saturated(pool: str, other: str) -> dict[str, Any]:
@@ -694,8 +733,11 @@ def _pool_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
             )
         )
         return _alert(
-            s, f"{pool.capitalize()}PoolSaturated", expr,
-            s.pool_saturated_for, "warning",
+            s,
+            f"{pool.capitalize()}PoolSaturated",
+            expr,
+            s.pool_saturated_for,
+            "warning",
             f"{pool.capitalize()} pool saturated while {other} has headroom; suggest P:D = {suggestion}",
             f"""The {pool} pool is over {_number(s.saturated_busy_ratio * 100)}% busy with more than
             {_number(s.saturated_waiting_per_worker)} request(s) waiting per worker, while the {other} pool is
@@ -703,7 +745,7 @@ def _pool_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
             proportion to their busy workers, each pool keeping at least one, is P:D = {suggestion}. The
             {pool} pool's busy ratio cannot exceed 100%, so its true demand is higher: move more GPUs from
             {other} to {pool} if the alert persists.""",
-        )  # fmt: skip
+        )
 
     return [pool_saturated("prefill", "decode"), pool_saturated("decode", "prefill")]
 
@@ -745,9 +787,11 @@ def _pipeline_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
 def _quantile_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     rules = []
     for quantile, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
-        for level, histogram, labels in (("model_mode", _Names.TTFT, ("gen_ai_request_model", "mode")),
-                                         ("pool", _Names.ITL, ("pool",)),
-                                         ("pool_stage", _Names.STAGE, ("pool", "stage"))):  # fmt: skip
+        for level, histogram, labels in (
+            ("model_mode", _Names.TTFT, ("gen_ai_request_model", "mode")),
+            ("pool", _Names.ITL, ("pool",)),
+            ("pool_stage", _Names.STAGE, ("pool", "stage")),
+        ):
             rules.append(
                 {
                     "record": f"{level}:{histogram}:{name}_5m",
@@ -762,10 +806,18 @@ def _all_rules(s: AlertSettings) -> list[tuple[dict[str, Any], bool]]:
     recording rules listed before it."""
     g = _Grouping(s)
     parts = (
-        _interference_records, _slo_records, _recommendation_records, _kv_transfer_records, _pool_records,
+        _interference_records,
+        _slo_records,
+        _recommendation_records,
+        _kv_transfer_records,
+        _pool_records,
         _quantile_records,
-        _interference_alerts, _kv_transfer_alerts, _pool_alerts, _slo_burn_alerts, _pipeline_alerts,
-    )  # fmt: skip
+        _interference_alerts,
+        _kv_transfer_alerts,
+        _pool_alerts,
+        _slo_burn_alerts,
+        _pipeline_alerts,
+    )
     return [(rule, part is _recommendation_records) for part in parts for rule in part(s, g)]
 
 

@@ -98,8 +98,9 @@ class AlertSettings:
             value = getattr(self, name)
             if not 0.0 < value < 1.0:
                 raise ValueError(f"{name}={value} must be strictly between 0 and 1")
-        if not self.deployment_labels or not all(re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label)
-                                                 for label in self.deployment_labels):  # fmt: skip
+        if not self.deployment_labels or not all(
+            re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", label) for label in self.deployment_labels
+        ):
             raise ValueError(f"deployment_labels must be Prometheus label names, got {self.deployment_labels}")
         if not 0 < self.ttft_fallback_edge_s < self.ttft_slo_s:
             raise ValueError(f"ttft_fallback_edge_s={self.ttft_fallback_edge_s} must be under ttft_slo_s")

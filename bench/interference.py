@@ -50,8 +50,17 @@ def layouts(chunk_budget: int) -> dict[str, list[str]]:
 
 
 def start_server(preset: str, layout: list[str], port: int, log_path: Path) -> subprocess.Popen:
-    command = [sys.executable, "-c", "from tracer.cli import main; main()", "serve", "--preset", preset,
-               "--port", str(port), *layout]  # fmt: skip
+    command = [
+        sys.executable,
+        "-c",
+        "from tracer.cli import main; main()",
+        "serve",
+        "--preset",
+        preset,
+        "--port",
+        str(port),
+        *layout,
+    ]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -109,9 +118,10 @@ def step_means_ms(samples: dict, pool: str) -> tuple[float | None, float | None,
 def histogram_quantile(samples: dict, name: str, labels: tuple, q: float) -> float | None:
     """Prometheus-style quantile from cumulative buckets (linear within a bucket)."""
     buckets = sorted(
-        (float(dict(series)["le"]), v) for (n, series), v in samples.items()
+        (float(dict(series)["le"]), v)
+        for (n, series), v in samples.items()
         if n == name + "_bucket" and tuple(x for x in series if x[0] != "le") == labels
-    )  # fmt: skip
+    )
     if not buckets or buckets[-1][1] == 0:
         return None
     rank = q * buckets[-1][1]
@@ -142,8 +152,12 @@ def run_mode(mode: str, layout: list[str], opts: argparse.Namespace, work_dir: P
             seed=opts.seed,
             timeout_s=120,
         )
-        print(f"[{mode}] load: {opts.rate} rps x {opts.duration:g} s + one {opts.long_prompt_tokens}-token prompt "
-              f"every {opts.burst_every:g} s", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[{mode}] load: {opts.rate} rps x {opts.duration:g} s + one {opts.long_prompt_tokens}-token prompt "
+            f"every {opts.burst_every:g} s",
+            file=sys.stderr,
+            flush=True,
+        )
         result = run_load_sync(config)
         samples = scrape_when_complete(port, result.summary.ok)
     finally:
@@ -202,24 +216,32 @@ def main() -> None:
     all_layouts = layouts(opts.chunk_budget)
     rows = [run_mode(mode, all_layouts[mode], opts, work_dir) for mode in opts.modes.split(",")]
 
-    print(f"\n# interference: preset {opts.preset}, {opts.rate:g} rps x {opts.prompt_tokens}->{opts.output_tokens} tokens "
-          f"+ one {opts.long_prompt_tokens}-token prompt every {opts.burst_every:g} s, {opts.duration:g} s per mode, "
-          f"{os.cpu_count()} CPUs")  # fmt: skip
-    print("| mode | ok/err | step with prefill ms (n) | step without ms (n) | interference | ITL p50 ms | ITL p99 ms "
-          "| server ITL p99 ms | TTFT p50 ms | TTFT p99 ms | SLO attainment |")  # fmt: skip
+    print(
+        f"\n# interference: preset {opts.preset}, {opts.rate:g} rps x {opts.prompt_tokens}->{opts.output_tokens} tokens "
+        f"+ one {opts.long_prompt_tokens}-token prompt every {opts.burst_every:g} s, {opts.duration:g} s per mode, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        "| mode | ok/err | step with prefill ms (n) | step without ms (n) | interference | ITL p50 ms | ITL p99 ms "
+        "| server ITL p99 ms | TTFT p50 ms | TTFT p99 ms | SLO attainment |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['mode']} | {r['requests_ok']}/{r['errors']} | {fmt(r['step_with_prefill_ms'])} ({r['steps_with_prefill']}) "
-              f"| {fmt(r['step_without_prefill_ms'])} ({r['steps_without_prefill']}) | {fmt(r['interference_factor'], 2)} "
-              f"| {fmt(r['itl_p50_ms'])} | {fmt(r['itl_p99_ms'])} | {fmt(r['itl_server_p99_ms'])} | {fmt(r['ttft_p50_ms'])} "
-              f"| {fmt(r['ttft_p99_ms'])} | {fmt(r['slo_attainment'], 2)} |")  # fmt: skip
+        print(
+            f"| {r['mode']} | {r['requests_ok']}/{r['errors']} | {fmt(r['step_with_prefill_ms'])} ({r['steps_with_prefill']}) "
+            f"| {fmt(r['step_without_prefill_ms'])} ({r['steps_without_prefill']}) | {fmt(r['interference_factor'], 2)} "
+            f"| {fmt(r['itl_p50_ms'])} | {fmt(r['itl_p99_ms'])} | {fmt(r['itl_server_p99_ms'])} | {fmt(r['ttft_p50_ms'])} "
+            f"| {fmt(r['ttft_p99_ms'])} | {fmt(r['slo_attainment'], 2)} |"
+        )
     by_mode = {r["mode"]: r for r in rows}
     disagg = by_mode.get("disaggregated")
     if disagg and disagg["itl_p99_ms"]:
         for mode in ("colocated", "chunked"):
             if mode in by_mode and by_mode[mode]["itl_p99_ms"]:
-                print(f"ITL p99 {mode} / disaggregated: {by_mode[mode]['itl_p99_ms'] / disagg['itl_p99_ms']:.2f}x "
-                      f"(server-side: {fmt((by_mode[mode]['itl_server_p99_ms'] or 0) / (disagg['itl_server_p99_ms'] or 1), 2)}x)")  # fmt: skip
+                print(
+                    f"ITL p99 {mode} / disaggregated: {by_mode[mode]['itl_p99_ms'] / disagg['itl_p99_ms']:.2f}x "
+                    f"(server-side: {fmt((by_mode[mode]['itl_server_p99_ms'] or 0) / (disagg['itl_server_p99_ms'] or 1), 2)}x)"
+                )
     for mode in ("colocated", "chunked"):
         if mode in by_mode and by_mode[mode]["interference_factor"]:
             print(f"step time with / without prefill, {mode}: {by_mode[mode]['interference_factor']:.2f}x")

@@ -52,8 +52,9 @@ class Scraper:
     def __init__(self, url: str, interval_s: float) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop, self._results = context.Event(), context.Queue()
-        self._process = context.Process(target=_scrape_loop, args=(url, interval_s, self._stop, self._results),
-                                        name="bench-scraper", daemon=True)  # fmt: skip
+        self._process = context.Process(
+            target=_scrape_loop, args=(url, interval_s, self._stop, self._results), name="bench-scraper", daemon=True
+        )
         self.scrapes, self.bytes, self.seconds = 0, 0, []
         self.started = self.stopped = 0.0
 
@@ -112,8 +113,16 @@ def main() -> None:
     scrapes = []
     cpu_s = {"unscraped": 0.0, "scraped": 0.0}
     try:
-        warm = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=5.0,
-                          prompt=LengthSpec(128), output=LengthSpec(64), seed=1, timeout_s=60)  # fmt: skip
+        warm = LoadConfig(
+            url=url,
+            model=args.preset,
+            rate_rps=args.rate,
+            duration_s=5.0,
+            prompt=LengthSpec(128),
+            output=LengthSpec(64),
+            seed=1,
+            timeout_s=60,
+        )
         run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
         for index in range(args.rounds):
             # ABBA order: the condition that goes first in a round alternates, so warm-up and drift within a
@@ -124,9 +133,17 @@ def main() -> None:
                 # schedule of its own per run made the two conditions carry different loads (155 vs 175
                 # requests in one run).
                 text_seed = 1000 + 2 * index + (condition == "scraped")
-                config = LoadConfig(url=url, model=args.preset, rate_rps=args.rate, duration_s=args.round_s,
-                                    prompt=LengthSpec(128), output=LengthSpec(64), seed=100 + index,
-                                    text_seed=text_seed, timeout_s=60)  # fmt: skip
+                config = LoadConfig(
+                    url=url,
+                    model=args.preset,
+                    rate_rps=args.rate,
+                    duration_s=args.round_s,
+                    prompt=LengthSpec(128),
+                    output=LengthSpec(64),
+                    seed=100 + index,
+                    text_seed=text_seed,
+                    timeout_s=60,
+                )
                 cpu_before = server_cpu_s(server.pid)
                 if condition == "scraped":
                     with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:
@@ -155,8 +172,10 @@ def main() -> None:
     print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
     # The same ratios round by round (each scraped run against the unscraped run of its round):
     # their spread is the machine's noise.
-    paired = [(pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
-              for u, s in zip(results["unscraped"], results["scraped"])]  # fmt: skip
+    paired = [
+        (pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
+        for u, s in zip(results["unscraped"], results["scraped"])
+    ]
     print(
         "per round: TTFT p90 "
         + ", ".join(f"{t:.2f}" for t, _ in paired)

@@ -78,13 +78,26 @@ def request_spans(requests: int, seed: int = 0) -> list[s.SpanData]:
         ttft_s = queue_s + prefill_s + 0.003
         e2e_s = ttft_s + decode_s
         start_ns = EPOCH_NS + int(arrival_s * 1e9)
-        spans.append(s.SpanData(
-            name=vllm.SPAN_NAME, kind=s.KIND_SERVER, trace_id=s.new_trace_id(), span_id=s.new_span_id(),
-            parent_span_id=0, start_ns=start_ns, end_ns=start_ns + int(e2e_s * 1e9),
-            attributes={vllm.ATTR_PROMPT_TOKENS: int(prompt), vllm.ATTR_COMPLETION_TOKENS: int(output),
-                        vllm.ATTR_TIME_IN_QUEUE: queue_s, vllm.ATTR_PREFILL: prefill_s, vllm.ATTR_TTFT: ttft_s,
-                        vllm.ATTR_DECODE: decode_s, vllm.ATTR_E2E: e2e_s},
-        ))  # fmt: skip
+        spans.append(
+            s.SpanData(
+                name=vllm.SPAN_NAME,
+                kind=s.KIND_SERVER,
+                trace_id=s.new_trace_id(),
+                span_id=s.new_span_id(),
+                parent_span_id=0,
+                start_ns=start_ns,
+                end_ns=start_ns + int(e2e_s * 1e9),
+                attributes={
+                    vllm.ATTR_PROMPT_TOKENS: int(prompt),
+                    vllm.ATTR_COMPLETION_TOKENS: int(output),
+                    vllm.ATTR_TIME_IN_QUEUE: queue_s,
+                    vllm.ATTR_PREFILL: prefill_s,
+                    vllm.ATTR_TTFT: ttft_s,
+                    vllm.ATTR_DECODE: decode_s,
+                    vllm.ATTR_E2E: e2e_s,
+                },
+            )
+        )
     spans.sort(key=lambda span: span.end_ns)
     return spans
 
@@ -116,9 +129,13 @@ def one_round(spans: list[s.SpanData], classify: bool, workdir: Path) -> tuple[f
         overlap.advance()
     elapsed_s, cpu_s = time.perf_counter() - started, time.thread_time() - cpu_started
     traces.unlink()
-    classified = sum(registry.get_sample_value("splitscope_decode_tpot_seconds_count",
-                                               {"pool": "colocated", "prefill_overlap": flag}) or 0
-                     for flag in ("true", "false"))  # fmt: skip
+    classified = sum(
+        registry.get_sample_value(
+            "splitscope_decode_tpot_seconds_count", {"pool": "colocated", "prefill_overlap": flag}
+        )
+        or 0
+        for flag in ("true", "false")
+    )
     return len(spans) / elapsed_s, int(classified), (overlap.cpu_s / cpu_s if overlap is not None else 0.0)
 
 

@@ -104,7 +104,7 @@ def record_mix(requests: int) -> list[s.SpanData]:
                 )
             )
         t += 10_000_000
-    return out  # fmt: skip
+    return out
 
 
 def wait_exported(sidecar: Sidecar, count: int, timeout_s: float = 600.0) -> None:
@@ -179,10 +179,17 @@ def bench_unix_paced(records: list[s.SpanData], workdir: Path, rate: float) -> t
     frames_file = workdir / "frames.bin"
     frames_file.write_bytes(b"".join(wire.encode_frame(records[i : i + 512]) for i in range(0, len(records), 512)))
     sock, traces = workdir / "paced.sock", workdir / "paced.jsonl"
-    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, unix_socket=str(sock), traces_file=str(traces),
-                                    gpu=False, environ={})).start()  # fmt: skip
-    client = subprocess.Popen([sys.executable, "-c", PACED_CLIENT, str(sock), str(frames_file), "512", str(rate)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    sidecar = Sidecar(
+        SidecarConfig(
+            http_port=None, grpc_port=None, unix_socket=str(sock), traces_file=str(traces), gpu=False, environ={}
+        )
+    ).start()
+    client = subprocess.Popen(
+        [sys.executable, "-c", PACED_CLIENT, str(sock), str(frames_file), "512", str(rate)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdout.readline().strip() == "go"
     client.stdin.write("\n")
     client.stdin.flush()
@@ -203,10 +210,23 @@ def bench_unix(records: list[s.SpanData], workdir: Path) -> tuple[float, float]:
     frames_file = workdir / "frames.bin"
     frames_file.write_bytes(frames)
     sock, traces = workdir / "bench.sock", workdir / "unix.jsonl"
-    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, unix_socket=str(sock), traces_file=str(traces),
-                                    gpu=False, max_queued_spans=len(records) + 1, environ={})).start()  # fmt: skip
-    client = subprocess.Popen([sys.executable, "-c", UNIX_CLIENT, str(sock), str(frames_file)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    sidecar = Sidecar(
+        SidecarConfig(
+            http_port=None,
+            grpc_port=None,
+            unix_socket=str(sock),
+            traces_file=str(traces),
+            gpu=False,
+            max_queued_spans=len(records) + 1,
+            environ={},
+        )
+    ).start()
+    client = subprocess.Popen(
+        [sys.executable, "-c", UNIX_CLIENT, str(sock), str(frames_file)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdout.readline().strip() == "go"
     start = time.perf_counter()
     client.stdin.write("\n")
@@ -221,8 +241,12 @@ def bench_unix(records: list[s.SpanData], workdir: Path) -> tuple[float, float]:
 
 def bench_sdk_path(records: list[s.SpanData], workdir: Path) -> float:
     # The queue holds the whole run, so this measures the SDK path's capacity, not its drops.
-    processor = BatchSpanProcessor(OtlpJsonFileExporter(workdir / "sdk.jsonl"), max_queue_size=len(records) + 1,
-                                   max_export_batch_size=512, schedule_delay_millis=500)  # fmt: skip
+    processor = BatchSpanProcessor(
+        OtlpJsonFileExporter(workdir / "sdk.jsonl"),
+        max_queue_size=len(records) + 1,
+        max_export_batch_size=512,
+        schedule_delay_millis=500,
+    )
     sink = LocalSink(make_resource("bench-worker"), [processor], MetricsRecorder(Catalogue(CollectorRegistry())))
     start = time.perf_counter()
     for i in range(0, len(records), 512):
@@ -262,11 +286,23 @@ def bench_otlp(protocol: str, total_spans: int, workdir: Path) -> tuple[float, f
     body_file.write_bytes(encode_spans(batch).SerializeToString())
     requests = total_spans // 512
     traces = workdir / f"otlp-{protocol}.jsonl"
-    sidecar = Sidecar(SidecarConfig(http_port=0 if protocol == "http" else None, grpc_port=0 if protocol == "grpc" else None,
-                                    traces_file=str(traces), gpu=False, max_queued_spans=requests * 512 + 1, environ={})).start()  # fmt: skip
+    sidecar = Sidecar(
+        SidecarConfig(
+            http_port=0 if protocol == "http" else None,
+            grpc_port=0 if protocol == "grpc" else None,
+            traces_file=str(traces),
+            gpu=False,
+            max_queued_spans=requests * 512 + 1,
+            environ={},
+        )
+    ).start()
     port = sidecar.http_port if protocol == "http" else sidecar.grpc_port
-    client = subprocess.Popen([sys.executable, "-c", OTLP_CLIENT, protocol, str(port), str(body_file), str(requests)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    client = subprocess.Popen(
+        [sys.executable, "-c", OTLP_CLIENT, protocol, str(port), str(body_file), str(requests)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert client.stdout.readline().strip() == "go"
     start = time.perf_counter()
     client.stdin.write("\n")

@@ -100,8 +100,18 @@ class Collector:
         return self.process is not None and self.process.poll() is None
 
     def start(self) -> None:
-        command = [sys.executable, "-c", "from tracer.cli import main; main()", "sidecar", "--no-gpu", "--no-grpc",
-                   "--http-port", str(self.port), "--traces-file", str(self.workdir / "collector-traces.jsonl")]  # fmt: skip
+        command = [
+            sys.executable,
+            "-c",
+            "from tracer.cli import main; main()",
+            "sidecar",
+            "--no-gpu",
+            "--no-grpc",
+            "--http-port",
+            str(self.port),
+            "--traces-file",
+            str(self.workdir / "collector-traces.jsonl"),
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_EXPORTER_OTLP")}  # no export loop
         with open(self.workdir / "collector.log", "ab") as log:
             self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -176,10 +186,17 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, p in result["processes"].items():
-        lines.append(f"| {name} | {p['rss_start_mib']:.1f} | {p['rss_after_warmup_mib']:.1f} | {p['rss_end_mib']:.1f} | "
-                     f"{p['rss_peak_mib']:.1f} | {p['growth_after_warmup_mib']:+.1f} | {p['slope_mib_per_hour']:+.1f} |")  # fmt: skip
-    lines += ["", "RSS (MiB) over time, one row a minute:", "", "| t (s) | collector | " + " | ".join(result["processes"]) + " | ok | errors | dropped export_queue_full |",
-              "|---" * (len(result["processes"]) + 5) + "|"]  # fmt: skip
+        lines.append(
+            f"| {name} | {p['rss_start_mib']:.1f} | {p['rss_after_warmup_mib']:.1f} | {p['rss_end_mib']:.1f} | "
+            f"{p['rss_peak_mib']:.1f} | {p['growth_after_warmup_mib']:+.1f} | {p['slope_mib_per_hour']:+.1f} |"
+        )
+    lines += [
+        "",
+        "RSS (MiB) over time, one row a minute:",
+        "",
+        "| t (s) | collector | " + " | ".join(result["processes"]) + " | ok | errors | dropped export_queue_full |",
+        "|---" * (len(result["processes"]) + 5) + "|",
+    ]
     next_t, shown_t, samples = 0.0, -60.0, result["samples"]
     for s in samples:
         due = s["t_s"] + 1 >= next_t if s is not samples[-1] else s["t_s"] - shown_t >= 30
@@ -187,8 +204,10 @@ def markdown(result: dict) -> str:
             continue  # the first sample of each minute, and the final one unless a row just showed it
         next_t, shown_t = (int(s["t_s"] + 1) // 60 + 1) * 60, s["t_s"]
         rss = " | ".join(f"{(s['rss'].get(n) or 0) / MIB:.1f}" for n in result["processes"])
-        lines.append(f"| {s['t_s']:.0f} | {'up' if s['collector_alive'] else 'dead'} | {rss} | {s['ok']} | {s['errors']} | "
-                     f"{s['metrics']['dropped_export_queue_full']:.0f} |")  # fmt: skip
+        lines.append(
+            f"| {s['t_s']:.0f} | {'up' if s['collector_alive'] else 'dead'} | {rss} | {s['ok']} | {s['errors']} | "
+            f"{s['metrics']['dropped_export_queue_full']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -225,18 +244,38 @@ def main() -> None:
     )
     traces_file = args.workdir / "traces.jsonl"
     traces_file.unlink(missing_ok=True)
-    server = ServerProcess(["--preset", args.preset, "--mode", "disaggregated", "--prefill-workers", "1",
-                            "--decode-workers", "2", "--traces-file", str(traces_file)],
-                           log_path=args.workdir / "serve.log")  # fmt: skip
+    server = ServerProcess(
+        [
+            "--preset",
+            args.preset,
+            "--mode",
+            "disaggregated",
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "2",
+            "--traces-file",
+            str(traces_file),
+        ],
+        log_path=args.workdir / "serve.log",
+    )
     server.start()
     try:
         workers = {w["name"]: w["pid"] for w in get_json(server.url + "/health")["workers"]}
         pids = {"router": server.process.pid, **workers}
         config = LoadConfig(
-            url=server.url, model=args.preset, rate_rps=args.rate, duration_s=args.duration_s,
-            prompt=LengthSpec(160, 0.8, 600), output=LengthSpec(48, 0.8, 200),
-            burst=BurstSpec(30.0, args.burst, 700), sessions=8, shared_prefix_tokens=64, seed=7, timeout_s=120.0,
-        )  # fmt: skip
+            url=server.url,
+            model=args.preset,
+            rate_rps=args.rate,
+            duration_s=args.duration_s,
+            prompt=LengthSpec(160, 0.8, 600),
+            output=LengthSpec(48, 0.8, 200),
+            burst=BurstSpec(30.0, args.burst, 700),
+            sessions=8,
+            shared_prefix_tokens=64,
+            seed=7,
+            timeout_s=120.0,
+        )
         progress = RunProgress()
         outcome: dict = {}
         load_thread = threading.Thread(
@@ -247,15 +286,24 @@ def main() -> None:
         samples: list[dict] = []
 
         def sample(t: float) -> None:
-            samples.append({
-                "t_s": round(t, 1), "rss": {name: rss_bytes(pid) for name, pid in pids.items()},
-                "metrics": metrics(server.url), "sent": progress.sent, "ok": progress.ok, "errors": progress.errors,
-                "collector_alive": collector.alive,
-            })  # fmt: skip
+            samples.append(
+                {
+                    "t_s": round(t, 1),
+                    "rss": {name: rss_bytes(pid) for name, pid in pids.items()},
+                    "metrics": metrics(server.url),
+                    "sent": progress.sent,
+                    "ok": progress.ok,
+                    "errors": progress.errors,
+                    "collector_alive": collector.alive,
+                }
+            )
             last = samples[-1]
-            print(f"t={t:5.0f}s ok={last['ok']} errors={last['errors']} collector={'up' if collector.alive else 'dead'} "
-                  + " ".join(f"{n}={(r or 0) / MIB:.0f}MiB" for n, r in last["rss"].items())
-                  + f" export_queue_full={last['metrics']['dropped_export_queue_full']:.0f}", flush=True)  # fmt: skip
+            print(
+                f"t={t:5.0f}s ok={last['ok']} errors={last['errors']} collector={'up' if collector.alive else 'dead'} "
+                + " ".join(f"{n}={(r or 0) / MIB:.0f}MiB" for n, r in last["rss"].items())
+                + f" export_queue_full={last['metrics']['dropped_export_queue_full']:.0f}",
+                flush=True,
+            )
 
         next_sample, next_outage, outage_until = 0.0, args.outage_every_s, None
         while load_thread.is_alive():
@@ -279,15 +327,28 @@ def main() -> None:
         server.stop()
         collector.kill()
     result = {
-        "config": {"duration_s": args.duration_s, "rate": args.rate, "preset": args.preset, "outage_s": args.outage_s,
-                   "outage_every_s": args.outage_every_s, "burst": args.burst, "warmup_s": args.warmup_s,
-                   "export_queue": args.export_queue},
-        "load": {"scheduled": load.scheduled, "ok": load.ok, "errors": load.errors, "errors_by_kind": load.errors_by_kind,
-                 "skipped_inflight_cap": load.skipped_inflight_cap, "output_tokens_per_s": load.output_tokens_per_s or 0.0},
+        "config": {
+            "duration_s": args.duration_s,
+            "rate": args.rate,
+            "preset": args.preset,
+            "outage_s": args.outage_s,
+            "outage_every_s": args.outage_every_s,
+            "burst": args.burst,
+            "warmup_s": args.warmup_s,
+            "export_queue": args.export_queue,
+        },
+        "load": {
+            "scheduled": load.scheduled,
+            "ok": load.ok,
+            "errors": load.errors,
+            "errors_by_kind": load.errors_by_kind,
+            "skipped_inflight_cap": load.skipped_inflight_cap,
+            "output_tokens_per_s": load.output_tokens_per_s or 0.0,
+        },
         "collector_outages": collector.outages,
         "processes": summarise(samples, args.warmup_s),
         "samples": samples,
-    }  # fmt: skip
+    }
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1) + "\n")

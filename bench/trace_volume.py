@@ -69,8 +69,14 @@ def _attribute(raw: dict, key: str):
 def volume(path: Path, tail: TailSampler | None, *, forget_violations: bool = False) -> dict:
     """Bytes per request of the spans of `path` that `tail` keeps (all without it)."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    requests = sum(1 for r in lines for rs in r["resourceSpans"] for ss in rs["scopeSpans"] for sp in ss["spans"]
-                   if sp.get("kind") == s.KIND_SERVER)  # fmt: skip
+    requests = sum(
+        1
+        for r in lines
+        for rs in r["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for sp in ss["spans"]
+        if sp.get("kind") == s.KIND_SERVER
+    )
     kept_ids: set[int] | None = None
     violators: int | str = "-"  # counted where the tail sampler reads them
     if tail is not None:
@@ -84,10 +90,19 @@ def volume(path: Path, tail: TailSampler | None, *, forget_violations: bool = Fa
                         violated = _attribute(raw, s.ATTR_SLO_VIOLATED) is True and not forget_violations
                         error = (raw.get("status") or {}).get("code") == 2
                         violators += bool(violated)
-                        everything.append(s.SpanData(
-                            raw["name"], raw.get("kind", s.KIND_INTERNAL), int(raw["traceId"], 16), id(raw), 0, 0, 0,
-                            {s.ATTR_SLO_VIOLATED: violated}, error_type="error" if error else "",
-                        ))  # fmt: skip
+                        everything.append(
+                            s.SpanData(
+                                raw["name"],
+                                raw.get("kind", s.KIND_INTERNAL),
+                                int(raw["traceId"], 16),
+                                id(raw),
+                                0,
+                                0,
+                                0,
+                                {s.ATTR_SLO_VIOLATED: violated},
+                                error_type="error" if error else "",
+                            )
+                        )
         released = tail.offer("all", everything) + tail.flush()
         kept_ids = {span.span_id for _, batch in released for span in batch}
     json_total = protobuf_total = spans_kept = 0
@@ -105,14 +120,30 @@ def volume(path: Path, tail: TailSampler | None, *, forget_violations: bool = Fa
         if kept_request["resourceSpans"]:
             json_total += _json_bytes(kept_request)
             protobuf_total += _protobuf_bytes(kept_request)
-    return {"requests": requests, "spans": spans_kept, "violators": violators,
-            "json_per_request": json_total / requests, "protobuf_per_request": protobuf_total / requests}  # fmt: skip
+    return {
+        "requests": requests,
+        "spans": spans_kept,
+        "violators": violators,
+        "json_per_request": json_total / requests,
+        "protobuf_per_request": protobuf_total / requests,
+    }
 
 
 def run(folder: Path, preset: str, layout: str, workload: DemoWorkload, slo: SLO, step_sample: int) -> Path:
     traces = folder / f"{layout}-step{step_sample}.jsonl"
-    args = ["--preset", preset, "--traces-file", str(traces), *LAYOUTS[layout], "--step-sample", str(step_sample),
-            "--slo-ttft", str(slo.ttft_s), "--slo-itl", str(slo.itl_s)]  # fmt: skip
+    args = [
+        "--preset",
+        preset,
+        "--traces-file",
+        str(traces),
+        *LAYOUTS[layout],
+        "--step-sample",
+        str(step_sample),
+        "--slo-ttft",
+        str(slo.ttft_s),
+        "--slo-itl",
+        str(slo.itl_s),
+    ]
     server = ServerProcess(args, log_path=folder / f"{layout}-step{step_sample}.log").start()
     try:
         result = run_load_sync(_load_config(server.url, preset, workload, slo))
@@ -144,15 +175,21 @@ def main() -> None:
     rows = [
         ("every step span, no tail sampling", volume(full, None)),
         (f"steps 1 in {DEFAULT_DECODE_SAMPLE_EVERY} (default), no tail sampling", volume(sampled, None)),
-        (f"default steps + sidecar --keep-violations --sample-rate {args.sample_rate:g}",
-         volume(sampled, TailSampler(args.sample_rate, keep_violations=True))),
-        ("  the same, no request violating its SLOs (steady state)",
-         volume(sampled, TailSampler(args.sample_rate, keep_violations=True), forget_violations=True)),
-    ]  # fmt: skip
+        (
+            f"default steps + sidecar --keep-violations --sample-rate {args.sample_rate:g}",
+            volume(sampled, TailSampler(args.sample_rate, keep_violations=True)),
+        ),
+        (
+            "  the same, no request violating its SLOs (steady state)",
+            volume(sampled, TailSampler(args.sample_rate, keep_violations=True), forget_violations=True),
+        ),
+    ]
     print(f"\n{'setting':<70} {'requests':>8} {'violators':>9} {'spans':>7} {'JSON B/req':>10} {'proto B/req':>11}")
     for label, row in rows:
-        print(f"{label:<70} {row['requests']:>8} {row['violators']:>9} {row['spans']:>7} "
-              f"{row['json_per_request']:>10,.0f} {row['protobuf_per_request']:>11,.0f}")  # fmt: skip
+        print(
+            f"{label:<70} {row['requests']:>8} {row['violators']:>9} {row['spans']:>7} "
+            f"{row['json_per_request']:>10,.0f} {row['protobuf_per_request']:>11,.0f}"
+        )
     steady = rows[-1][1]
     print(
         f"\nsteady state: {steady['protobuf_per_request']:,.0f} B/request OTLP protobuf, "

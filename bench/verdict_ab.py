@@ -164,9 +164,15 @@ def log(message: str) -> None:
 def base_schedule(shape: Shape, requests: int) -> list[dict]:
     """The shape's `requests` arrivals and lengths at its base rate (replay-file entries, times from 0)."""
     config = LoadConfig(
-        url="http://127.0.0.1:1", model=PRESET, rate_rps=shape.base_rate_rps, requests=requests,
-        prompt=LengthSpec(shape.prompt_tokens), output=LengthSpec(shape.output_tokens), burst=shape.burst, seed=shape.seed,
-    )  # fmt: skip
+        url="http://127.0.0.1:1",
+        model=PRESET,
+        rate_rps=shape.base_rate_rps,
+        requests=requests,
+        prompt=LengthSpec(shape.prompt_tokens),
+        output=LengthSpec(shape.output_tokens),
+        burst=shape.burst,
+        seed=shape.seed,
+    )
     return [
         {"arrival_s": p.arrival_s, "prompt_tokens": p.prompt_tokens, "output_tokens": p.output_tokens}
         for p in build_schedule(config)
@@ -199,19 +205,29 @@ def run_schedule(url: str, schedule: list[dict], shape: Shape, workdir: Path, se
     """Drive `schedule` at `url` (open loop) and summarise it against the shape's SLOs."""
     replay = workdir / "replay.jsonl"
     replay.write_text("".join(json.dumps(entry) + "\n" for entry in schedule))
-    result = run_load_sync(LoadConfig(
-        url=url, model=PRESET, replay_path=str(replay), slo=LoadSLO(ttft_s=shape.slo_ttft_s, itl_s=shape.slo_itl_s),
-        seed=seed, timeout_s=120.0,
-    ))  # fmt: skip
+    result = run_load_sync(
+        LoadConfig(
+            url=url,
+            model=PRESET,
+            replay_path=str(replay),
+            slo=LoadSLO(ttft_s=shape.slo_ttft_s, itl_s=shape.slo_itl_s),
+            seed=seed,
+            timeout_s=120.0,
+        )
+    )
     s = result.summary
     ttft = [r.ttft_s for r in result.records if r.ttft_s is not None]
     itl = [float(np.percentile(r.itl_s, 99)) for r in result.records if r.itl_s]
     return Point(
-        rate_rps=schedule_rate_rps(schedule), attainment=s.attainment or 0.0, ok=s.ok, errors=s.errors,
+        rate_rps=schedule_rate_rps(schedule),
+        attainment=s.attainment or 0.0,
+        ok=s.ok,
+        errors=s.errors,
         ttft_p90_s=float(np.percentile(ttft, 90)) if ttft else None,
-        itl_p99_p90_s=float(np.percentile(itl, 90)) if itl else None, wall_s=s.wall_s,
+        itl_p99_p90_s=float(np.percentile(itl, 90)) if itl else None,
+        wall_s=s.wall_s,
         started_unix_s=result.started_unix_s,
-    )  # fmt: skip
+    )
 
 
 # --------------------------------------------------------------------------------------- the search
@@ -240,22 +256,33 @@ def goodput_from_points(points: list[Point], attainment: float, judge: str) -> t
     return low, high
 
 
-def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], rates_rps: list[float],
-                   slo: SLO, workdir: Path, gpus: int) -> list[Point]:  # fmt: skip
+def measure_layout(
+    serve_args: list[str],
+    shape: Shape,
+    schedule: list[dict],
+    rates_rps: list[float],
+    slo: SLO,
+    workdir: Path,
+    gpus: int,
+) -> list[Point]:
     """Serve one layout with traces on and drive the schedule at each rate (ascending, stopping after two
     rates deep in overload on the client's judgement); then judge every point on the server's spans too."""
     points: list[Point] = []
     traces = workdir / f"traces-{'-'.join(serve_args[1::2])}.jsonl"
     traces.unlink(missing_ok=True)
-    with ServerProcess(["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--traces-file", str(traces), *serve_args],
-                       log_path=workdir / "server.log") as server:  # fmt: skip
+    with ServerProcess(
+        ["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--traces-file", str(traces), *serve_args],
+        log_path=workdir / "server.log",
+    ) as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         failures = 0
         for rate_rps in rates_rps:
             point = run_schedule(server.url, stretched(schedule, rate_rps), shape, workdir, seed=shape.seed)
             points.append(point)
-            log(f"  {rate_rps / gpus:.3f} req/s/GPU: client attainment {point.attainment:.0%} "
-                f"(TTFT p90 {_ms(point.ttft_p90_s)} ms, chunk-gap p99 p90 {_ms(point.itl_p99_p90_s)} ms, {point.wall_s:.0f} s)")  # fmt: skip
+            log(
+                f"  {rate_rps / gpus:.3f} req/s/GPU: client attainment {point.attainment:.0%} "
+                f"(TTFT p90 {_ms(point.ttft_p90_s)} ms, chunk-gap p99 p90 {_ms(point.itl_p99_p90_s)} ms, {point.wall_s:.0f} s)"
+            )
             # Deep overload: far past what even per-token gaps could pass; higher rates only take time.
             failures += point.attainment < slo.attainment / 2
             if failures >= 2:
@@ -266,8 +293,10 @@ def measure_layout(serve_args: list[str], shape: Shape, schedule: list[dict], ra
         window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < start_ns + int(point.wall_s * 1e9))
         selected = requests.select(window)
         point.span_attainment = measure(selected, slo).attainment if len(selected) else None
-        log(f"  {point.rate_rps / gpus:.3f} req/s/GPU: span attainment "
-            f"{'-' if point.span_attainment is None else f'{point.span_attainment:.0%}'} ({len(selected)} requests)")  # fmt: skip
+        log(
+            f"  {point.rate_rps / gpus:.3f} req/s/GPU: span attainment "
+            f"{'-' if point.span_attainment is None else f'{point.span_attainment:.0%}'} ({len(selected)} requests)"
+        )
     return points
 
 
@@ -286,19 +315,34 @@ def _ms(value_s: float | None) -> str:
 def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Path, confidence: int) -> Report:
     """Serve colocated with traces, drive the shape at its traced rate, and report on that one run."""
     traces = workdir / "traces.jsonl"
-    args = ["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--mode", "colocated", "--workers", str(workers),
-            "--traces-file", str(traces)]  # fmt: skip
+    args = [
+        "--preset",
+        PRESET,
+        "--max-batch",
+        str(MAX_BATCH),
+        "--mode",
+        "colocated",
+        "--workers",
+        str(workers),
+        "--traces-file",
+        str(traces),
+    ]
     with ServerProcess(args, log_path=workdir / "server.log") as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         point = run_schedule(server.url, stretched(schedule, shape.traced_rate_rps), shape, workdir, seed=shape.seed)
     log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
     options = ReportOptions(
-        shape.slo, kv_bytes_per_token=_kv_bytes_per_token(), max_batch=MAX_BATCH, confidence_resamples=confidence,
+        shape.slo,
+        kv_bytes_per_token=_kv_bytes_per_token(),
+        max_batch=MAX_BATCH,
+        confidence_resamples=confidence,
         # The served workers' token budget: a colocated or prefill-only step joins whole prompts up to it.
         max_prefill_tokens_per_step=ServeConfig.token_budget,
         # Simulated runs as long as the measured ones: a short overload queues less than a long one.
-        sim_requests=len(schedule), sim_max_requests=len(schedule), sim_duration_s=1e-3,
-    )  # fmt: skip
+        sim_requests=len(schedule),
+        sim_max_requests=len(schedule),
+        sim_duration_s=1e-3,
+    )
     return build_report([traces], options)
 
 
@@ -322,12 +366,22 @@ def candidate_rows(report: Report, workers: int) -> list[Row]:
     chunked = [o for o in by_mode.get("chunked", []) if (o.chunk_budget_tokens or 0) > MAX_BATCH]
     if chunked:
         best = max(chunked, key=lambda o: o.goodput_per_gpu)
-        rows.append(Row(best.label, ["--mode", "chunked", "--workers", str(workers), "--chunk-budget",
-                                     str(best.chunk_budget_tokens)], best.goodput_per_gpu))  # fmt: skip
+        rows.append(
+            Row(
+                best.label,
+                ["--mode", "chunked", "--workers", str(workers), "--chunk-budget", str(best.chunk_budget_tokens)],
+                best.goodput_per_gpu,
+            )
+        )
     for option in by_mode.get("disaggregated", []):
         p, d = (int(x) for x in (option.ratio or "0:0").split(":"))
-        rows.append(Row(option.label, ["--mode", "disaggregated", "--prefill-workers", str(p), "--decode-workers", str(d)],
-                        option.goodput_per_gpu))  # fmt: skip
+        rows.append(
+            Row(
+                option.label,
+                ["--mode", "disaggregated", "--prefill-workers", str(p), "--decode-workers", str(d)],
+                option.goodput_per_gpu,
+            )
+        )
     return rows
 
 
@@ -363,15 +417,18 @@ class ShapeResult:
         return self.predicted_best.measured_per_gpu * self.step >= self.measured_best.measured_per_gpu
 
 
-def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence: int, workdir: Path,
-              only: set[str] | None = None) -> ShapeResult:  # fmt: skip
+def run_shape(
+    shape: Shape, workers: int, requests: int, step: float, confidence: int, workdir: Path, only: set[str] | None = None
+) -> ShapeResult:
     started = time.monotonic()
     load_before = _load1()
     schedule = base_schedule(shape, requests)
     log(f"shape {shape.name}: {len(schedule)} requests, base rate {schedule_rate_rps(schedule):.2f} req/s total")
     report = traced_report(shape, schedule, workers, workdir, confidence)
-    log(f"report: {report.verdict} {report.ratio or report.chunk_budget_tokens or ''} "
-        f"{'(unconfirmed: ' + report.unconfirmed + ')' if report.unconfirmed else ''}")  # fmt: skip
+    log(
+        f"report: {report.verdict} {report.ratio or report.chunk_budget_tokens or ''} "
+        f"{'(unconfirmed: ' + report.unconfirmed + ')' if report.unconfirmed else ''}"
+    )
     (workdir / "report.md").write_text(render(report, "md"))
     rows = candidate_rows(report, workers)
     if only is not None:
@@ -387,8 +444,19 @@ def run_shape(shape: Shape, workers: int, requests: int, step: float, confidence
             f"{row.label}: measured {row.measured_per_gpu:.3f} req/s/GPU (bracket {row.measured_bracket_per_gpu}, "
             f"on chunk gaps {row.client_bracket_per_gpu})"
         )
-    return ShapeResult(shape.name, len(schedule), workers, step, report.verdict, report.unconfirmed,
-                       report.model_check, rows, load_before, _load1(), time.monotonic() - started)  # fmt: skip
+    return ShapeResult(
+        shape.name,
+        len(schedule),
+        workers,
+        step,
+        report.verdict,
+        report.unconfirmed,
+        report.model_check,
+        rows,
+        load_before,
+        _load1(),
+        time.monotonic() - started,
+    )
 
 
 def _load1() -> float:
@@ -410,8 +478,10 @@ def markdown(result: ShapeResult) -> str:
     for row in result.rows:
         low, high = row.measured_bracket_per_gpu
         c_low, c_high = row.client_bracket_per_gpu
-        lines.append(f"| {row.label} | {row.predicted_per_gpu:.3f} | {row.measured_per_gpu:.3f} | {low:.3f}{'' if row.monotone else '*'} / {high:.3f} | "
-                     f"{row.error:+.0%} | {c_low:.3f} / {c_high:.3f} |")  # fmt: skip
+        lines.append(
+            f"| {row.label} | {row.predicted_per_gpu:.3f} | {row.measured_per_gpu:.3f} | {low:.3f}{'' if row.monotone else '*'} / {high:.3f} | "
+            f"{row.error:+.0%} | {c_low:.3f} / {c_high:.3f} |"
+        )
     lines += [
         "",
         (

@@ -90,9 +90,11 @@ def run_layout(
             ["--preset", preset, "--traces-file", str(traces), *LAYOUTS[name]], log_path=layout_dir / "server.log"
         ).start()
     try:
-        console.print(f"serving on {server.url}; load: {workload.rate_rps:g} req/s x {workload.duration_s:g} s, "
-                      f"{workload.burst_count} x {workload.burst_prompt_tokens}-token prompts every "
-                      f"{workload.burst_every_s:g} s")  # fmt: skip
+        console.print(
+            f"serving on {server.url}; load: {workload.rate_rps:g} req/s x {workload.duration_s:g} s, "
+            f"{workload.burst_count} x {workload.burst_prompt_tokens}-token prompts every "
+            f"{workload.burst_every_s:g} s"
+        )
         progress = RunProgress()
         with Live(LiveView(progress), console=console, refresh_per_second=4, transient=True):
             result = run_load_sync(_load_config(server.url, preset, workload, slo), progress=progress)
@@ -105,8 +107,9 @@ def run_layout(
         report = build_report([traces], options)
     for fmt, suffix in (("md", "md"), ("html", "html"), ("json", "json")):
         (layout_dir / f"report.{suffix}").write_text(render(report, fmt))
-    console.print(f"{name}: {result.summary.ok} ok / {result.summary.errors} errors; "
-                  f"report: {layout_dir / 'report.html'}")  # fmt: skip
+    console.print(
+        f"{name}: {result.summary.ok} ok / {result.summary.errors} errors; report: {layout_dir / 'report.html'}"
+    )
     return result, report
 
 
@@ -135,24 +138,45 @@ def _ms(value_s: float | None) -> str:
 
 def comparison_table(results: dict[str, LoadResult]) -> Table:
     table = Table(title="measured by the client, same workload")
-    for column in ("layout", "ok", "errors", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms",
-                   "SLO attainment", "goodput req/s"):  # fmt: skip
+    for column in (
+        "layout",
+        "ok",
+        "errors",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "ITL p50 ms",
+        "ITL p99 ms",
+        "SLO attainment",
+        "goodput req/s",
+    ):
         table.add_column(column, justify="right" if column != "layout" else "left")
     for name, result in results.items():
         s = result.summary
         ttft, itl = s.latency["ttft_s"], s.latency["itl_s"]
         table.add_row(
-            name, str(s.ok), str(s.errors), _ms(ttft.p50), _ms(ttft.p99), _ms(itl.p50), _ms(itl.p99),
+            name,
+            str(s.ok),
+            str(s.errors),
+            _ms(ttft.p50),
+            _ms(ttft.p99),
+            _ms(itl.p50),
+            _ms(itl.p99),
             "-" if s.attainment is None else f"{s.attainment:.0%}",
             "-" if s.goodput_rps is None else f"{s.goodput_rps:.2f}",
-        )  # fmt: skip
+        )
     return table
 
 
 @click.command("demo")
 @click.option("--preset", default="small", show_default=True, help="model preset for both servers")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("runs"),
-              show_default=True, help="where the run folder is created")  # fmt: skip
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("runs"),
+    show_default=True,
+    help="where the run folder is created",
+)
 @click.option(
     "--duration", "duration_s", type=float, default=30.0, show_default=True, help="seconds of load per layout"
 )

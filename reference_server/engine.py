@@ -597,8 +597,10 @@ class Engine:
         for arrived in self._parked:
             self.free_blocks(arrived.block_ids)
         self._parked.clear()
-        events = [(t.sink, (EVENT_ERROR, 503, "unavailable", message))
-                  for t in (*self._tracked.values(), *self._expected.values(), *parked)]  # fmt: skip
+        events = [
+            (t.sink, (EVENT_ERROR, 503, "unavailable", message))
+            for t in (*self._tracked.values(), *self._expected.values(), *parked)
+        ]
         self._tracked.clear()
         self._expected.clear()
         if events:
@@ -650,8 +652,9 @@ class Engine:
         self.tracer.stage_wall("kv_transfer.recv", parent, info.recv_start_wall_ns, info.recv_end_wall_ns, attrs)
 
 
-def sample_top_p_no_sync(logits: torch.Tensor, temperature: float, top_p: float,
-                         generator: torch.Generator | None) -> torch.Tensor:  # fmt: skip
+def sample_top_p_no_sync(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
     """Nucleus sampling of each row of `logits` [n, vocab] -> long [n]; never syncs the host.
 
     Keeps, per row, the most probable tokens whose probabilities (at `temperature`) add up to `top_p`

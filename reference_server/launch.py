@@ -69,9 +69,14 @@ class ServeConfig(EngineOptions):
             raise ValueError(f"--mode must be colocated, chunked or disaggregated (got {self.mode!r})")
         if self.preset not in PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
-        for flag, value in (("--workers", self.workers), ("--prefill-workers", self.prefill_workers),
-                            ("--decode-workers", self.decode_workers), ("--max-batch", self.max_batch),
-                            ("--kv-streams", self.kv_streams), ("--step-sample", self.step_sample)):  # fmt: skip
+        for flag, value in (
+            ("--workers", self.workers),
+            ("--prefill-workers", self.prefill_workers),
+            ("--decode-workers", self.decode_workers),
+            ("--max-batch", self.max_batch),
+            ("--kv-streams", self.kv_streams),
+            ("--step-sample", self.step_sample),
+        ):
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1 (got {value})")
         if self.token_budget <= self.max_batch:
@@ -106,10 +111,21 @@ class WorkerProcess:
 
 def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> list[str]:
     return [
-        sys.executable, "-m", "reference_server.worker", "--role", role, "--name", name,
-        "--parent-pid", str(os.getpid()), "--preset", config.preset, "--threads", str(threads),
+        sys.executable,
+        "-m",
+        "reference_server.worker",
+        "--role",
+        role,
+        "--name",
+        name,
+        "--parent-pid",
+        str(os.getpid()),
+        "--preset",
+        config.preset,
+        "--threads",
+        str(threads),
         *worker_argv(config),
-    ]  # fmt: skip
+    ]
 
 
 async def _forward_output(stream: asyncio.StreamReader, name: str) -> None:
@@ -184,8 +200,9 @@ async def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE
     await asyncio.gather(*(reap(w) for w in workers))
 
 
-async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = None,
-                stop: asyncio.Event | None = None) -> None:  # fmt: skip
+async def serve(
+    config: ServeConfig, on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None
+) -> None:
     """Run the server until SIGTERM/SIGINT (or `stop` is set). `on_ready(url)` once it serves."""
     from aiohttp import web
     from prometheus_client import CollectorRegistry
@@ -199,9 +216,14 @@ async def serve(config: ServeConfig, on_ready: Callable[[str], None] | None = No
     stop = stop or asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    tracing = start_tracing(None, None, traces_file=config.traces_file, sidecar_socket=config.sidecar_socket,
-                            registry=CollectorRegistry(),  # the router serves /metrics on either path
-                            slo=RequestSlo(config.slo_ttft, config.slo_itl))  # fmt: skip
+    tracing = start_tracing(
+        None,
+        None,
+        traces_file=config.traces_file,
+        sidecar_socket=config.sidecar_socket,
+        registry=CollectorRegistry(),  # the router serves /metrics on either path
+        slo=RequestSlo(config.slo_ttft, config.slo_itl),
+    )
     gpu = GpuSampler(tracing.catalogue).start() if tracing.catalogue is not None else None
     click.echo(
         f"starting {len(config.roles())} {config.mode} worker(s) ({config.preset}, {config.device})...", err=True
@@ -352,8 +374,9 @@ def _url_host(host: str) -> str:
     help="the deployment's name: the `namespace` label of every series and `service.namespace` of every "
     "span (default: service.namespace of OTEL_RESOURCE_ATTRIBUTES, else none)",
 )
-def serve_command(mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None,
-                  **options: Any) -> None:  # fmt: skip
+def serve_command(
+    mode: str, workers: int | None, prefill_workers: int | None, decode_workers: int | None, **options: Any
+) -> None:
     """Run the reference server: router plus worker processes, until Ctrl-C or SIGTERM."""
     namespace = options.pop("namespace")
     if namespace is not None:
@@ -373,7 +396,7 @@ def serve_command(mode: str, workers: int | None, prefill_workers: int | None, d
         prefill_workers=1 if prefill_workers is None else prefill_workers,
         decode_workers=1 if decode_workers is None else decode_workers,
         **options,
-    )  # fmt: skip
+    )
     try:
         config.validate()
     except ValueError as exc:

@@ -64,8 +64,9 @@ def join_expositions(bodies: Sequence[bytes], openmetrics: bool) -> bytes:
     return joined + _EOF if openmetrics else joined
 
 
-async def fetch_exposition(session: aiohttp.ClientSession, url: str, accept: str, content_type: str,
-                           timeout_s: float) -> bytes | None:  # fmt: skip
+async def fetch_exposition(
+    session: aiohttp.ClientSession, url: str, accept: str, content_type: str, timeout_s: float
+) -> bytes | None:
     """One worker's /metrics body in `content_type`; None when it does not answer in time or in that format."""
     try:
         async with session.get(
@@ -92,8 +93,8 @@ async def joined_exposition(
 ) -> bytes:
     """The router's own exposition `own` (body, content type) joined with every worker's, in its format."""
     body, content_type = own
-    fetched = await asyncio.gather(*(
-        fetch_exposition(session, url, accept_header or "", content_type, timeout_s) for url in worker_metrics_urls
-    ))  # fmt: skip
+    fetched = await asyncio.gather(
+        *(fetch_exposition(session, url, accept_header or "", content_type, timeout_s) for url in worker_metrics_urls)
+    )
     bodies = [body, *(b for b in fetched if b is not None)]
     return await asyncio.to_thread(join_expositions, bodies, content_type.startswith("application/openmetrics-text"))

@@ -40,8 +40,15 @@ OWNED_BY = "splitscope"
 class ApiError(Exception):
     """An answer other than 200, with an OpenAI-style error body."""
 
-    def __init__(self, status: int, message: str, *, error_type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -58,8 +65,9 @@ def error_body(message: str, error_type: str, param: str | None = None, code: st
 
 
 def model_not_found(model: str, served: str) -> ApiError:
-    return ApiError(404, f"model {model!r} does not exist; this server serves {served!r}", param="model",
-                    code="model_not_found")  # fmt: skip
+    return ApiError(
+        404, f"model {model!r} does not exist; this server serves {served!r}", param="model", code="model_not_found"
+    )
 
 
 @dataclass(frozen=True)
@@ -163,8 +171,9 @@ def _parse_stop(value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(stops))
 
 
-def _parse_max_tokens(body: dict[str, Any], limits: Limits, prompt_ids: tuple[int, ...], *,
-                      max_tokens_key: str, operation: str) -> int:  # fmt: skip
+def _parse_max_tokens(
+    body: dict[str, Any], limits: Limits, prompt_ids: tuple[int, ...], *, max_tokens_key: str, operation: str
+) -> int:
     """The requested output length: `max_tokens_key` first, then 'max_tokens', then the default; it must fit
     the context together with the prompt."""
     if not prompt_ids:
@@ -220,8 +229,15 @@ def _parse_stream(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, stream_options.get("include_usage", False)
 
 
-def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: tuple[int, ...], *,
-                  max_tokens_key: str, operation: str) -> CompletionParams:  # fmt: skip
+def _parse_common(
+    body: dict[str, Any],
+    limits: Limits,
+    model: str,
+    prompt_ids: tuple[int, ...],
+    *,
+    max_tokens_key: str,
+    operation: str,
+) -> CompletionParams:
     """The fields completions and chat share, checked in the order a reader meets them."""
     max_tokens = _parse_max_tokens(body, limits, prompt_ids, max_tokens_key=max_tokens_key, operation=operation)
     temperature, top_p = _parse_sampling(body)
@@ -266,12 +282,37 @@ def _parse_common(body: dict[str, Any], limits: Limits, model: str, prompt_ids: 
     )
 
 
-_COMPLETION_REFUSED = ("best_of", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
-                       "echo", "suffix", "top_k", "min_p", "stop_token_ids", "guided_json", "guided_regex",
-                       "guided_choice")  # fmt: skip
-_CHAT_REFUSED = ("presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias", "top_logprobs",
-                 "top_k", "min_p", "tools", "functions", "tool_choice", "stop_token_ids", "guided_json",
-                 "guided_regex", "guided_choice")  # fmt: skip
+_COMPLETION_REFUSED = (
+    "best_of",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "echo",
+    "suffix",
+    "top_k",
+    "min_p",
+    "stop_token_ids",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+)
+_CHAT_REFUSED = (
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "top_logprobs",
+    "top_k",
+    "min_p",
+    "tools",
+    "functions",
+    "tool_choice",
+    "stop_token_ids",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+)
 
 
 def parse_completion(body: Any, limits: Limits) -> CompletionParams:
@@ -301,8 +342,10 @@ def _message_text(message: Any, index: int) -> tuple[str, str]:
         raise _bad(f"{param} must be an object with 'role' and 'content'", param)
     role = message.get("role")
     if role not in CHAT_ROLES:
-        raise _bad(f"{param}.role must be one of {', '.join(CHAT_ROLES)} (tools are not supported), got {str(role)[:40]!r}",
-                   f"{param}.role")  # fmt: skip
+        raise _bad(
+            f"{param}.role must be one of {', '.join(CHAT_ROLES)} (tools are not supported), got {str(role)[:40]!r}",
+            f"{param}.role",
+        )
     content = message.get("content")
     if isinstance(content, str):
         return role, content
@@ -340,8 +383,9 @@ def parse_chat(body: Any, limits: Limits) -> CompletionParams:
     response_format = body.get("response_format")
     if response_format is not None and response_format != {"type": "text"}:
         raise _bad('\'response_format\' supports only {"type": "text"}', "response_format")
-    return _parse_common(body, limits, model, tuple(encode(rendered)), max_tokens_key="max_completion_tokens",
-                         operation=OPERATION_CHAT)  # fmt: skip
+    return _parse_common(
+        body, limits, model, tuple(encode(rendered)), max_tokens_key="max_completion_tokens", operation=OPERATION_CHAT
+    )
 
 
 # --------------------------------------------------------------------------------------- responses
@@ -369,8 +413,9 @@ class ResponseShape:
     object_name: str  # the non-streamed answer's `object`
     chunk_object: str  # each streamed event's `object`
 
-    def _choice(self, text: str, finish_reason: str | None, token_ids: list[int] | None, *, streamed: bool,
-                first: bool = False) -> dict[str, Any]:  # fmt: skip
+    def _choice(
+        self, text: str, finish_reason: str | None, token_ids: list[int] | None, *, streamed: bool, first: bool = False
+    ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0}
         if self.operation == OPERATION_COMPLETION:
             choice["text"] = text
@@ -387,23 +432,61 @@ class ResponseShape:
             choice["token_ids"] = token_ids
         return choice
 
-    def chunk_event(self, completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
-                    token_ids: list[int] | None = None, *, first: bool = False) -> bytes:  # fmt: skip
+    def chunk_event(
+        self,
+        completion_id: str,
+        created_s: int,
+        model: str,
+        text: str,
+        finish_reason: str | None,
+        token_ids: list[int] | None = None,
+        *,
+        first: bool = False,
+    ) -> bytes:
         """One SSE event of a streamed answer (`first`: the chat delta also names the role)."""
         choice = self._choice(text, finish_reason, token_ids, streamed=True, first=first)
-        return _sse({"id": completion_id, "object": self.chunk_object, "created": created_s, "model": model,
-                     "choices": [choice]})  # fmt: skip
+        return _sse(
+            {
+                "id": completion_id,
+                "object": self.chunk_object,
+                "created": created_s,
+                "model": model,
+                "choices": [choice],
+            }
+        )
 
     def usage_event(self, completion_id: str, created_s: int, model: str, usage_body: dict[str, Any]) -> bytes:
-        return _sse({"id": completion_id, "object": self.chunk_object, "created": created_s, "model": model,
-                     "choices": [], "usage": usage_body})  # fmt: skip
+        return _sse(
+            {
+                "id": completion_id,
+                "object": self.chunk_object,
+                "created": created_s,
+                "model": model,
+                "choices": [],
+                "usage": usage_body,
+            }
+        )
 
-    def body(self, completion_id: str, created_s: int, model: str, text: str, finish_reason: str | None,
-             usage_body: dict[str, Any], token_ids: list[int] | None = None) -> dict[str, Any]:  # fmt: skip
+    def body(
+        self,
+        completion_id: str,
+        created_s: int,
+        model: str,
+        text: str,
+        finish_reason: str | None,
+        usage_body: dict[str, Any],
+        token_ids: list[int] | None = None,
+    ) -> dict[str, Any]:
         """The non-streamed answer."""
         choice = self._choice(text, finish_reason, token_ids, streamed=False)
-        return {"id": completion_id, "object": self.object_name, "created": created_s, "model": model,
-                "choices": [choice], "usage": usage_body}  # fmt: skip
+        return {
+            "id": completion_id,
+            "object": self.object_name,
+            "created": created_s,
+            "model": model,
+            "choices": [choice],
+            "usage": usage_body,
+        }
 
 
 # Keyed by operation; the object names are OpenAI's wire format (that one equals an operation name is OpenAI's).

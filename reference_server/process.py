@@ -32,8 +32,14 @@ def free_port(host: str = "127.0.0.1") -> int:
 class ServerProcess:
     """A reference server in a child process. `args` are `splitscope serve` flags (without --port)."""
 
-    def __init__(self, args: list[str], *, port: int | None = None, log_path: Path | None = None,
-                 startup_timeout_s: float = STARTUP_TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        port: int | None = None,
+        log_path: Path | None = None,
+        startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.args = args
@@ -52,8 +58,10 @@ class ServerProcess:
         deadline = time.monotonic() + self.startup_timeout_s
         while not self._healthy():
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with status {self.process.returncode} before serving"
-                                   + (f"; see {self.log_path}" if self.log_path else ""))  # fmt: skip
+                raise RuntimeError(
+                    f"server exited with status {self.process.returncode} before serving"
+                    + (f"; see {self.log_path}" if self.log_path else "")
+                )
             if time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"server did not answer /health within {self.startup_timeout_s:g} s")

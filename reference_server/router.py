@@ -252,8 +252,9 @@ class Router:
         """The router's own series and every live worker's, each keeping its labels (metrics_proxy)."""
         registry = self.tracing.registry
         accept = request.headers.get("Accept")
-        own = await asyncio.to_thread(exposition, registry if registry is not None else _Empty(), accept,
-                                      process_labels())  # fmt: skip
+        own = await asyncio.to_thread(
+            exposition, registry if registry is not None else _Empty(), accept, process_labels()
+        )
         urls = [e.url + "/metrics" for e in self.endpoints if e.alive]
         body = await joined_exposition(own, urls, self.session, accept)
         content_type = own[1]
@@ -331,11 +332,20 @@ class Router:
             if outcome.error_type == ABORT_CLIENT_DISCONNECTED and self._aborted_disconnected is not None:
                 self._aborted_disconnected.inc()
             self.tracer.request(
-                client_ctx, root_span_id, start, self.tracer.mark(), outcome.first_token,
-                model=params.model, mode=self.mode, request_id=request_id,
-                input_tokens=len(params.prompt_token_ids), output_tokens=outcome.output_tokens,
-                token_gap_s=outcome.gaps_s, error_type=outcome.error_type, operation=params.operation,
-            )  # fmt: skip
+                client_ctx,
+                root_span_id,
+                start,
+                self.tracer.mark(),
+                outcome.first_token,
+                model=params.model,
+                mode=self.mode,
+                request_id=request_id,
+                input_tokens=len(params.prompt_token_ids),
+                output_tokens=outcome.output_tokens,
+                token_gap_s=outcome.gaps_s,
+                error_type=outcome.error_type,
+                operation=params.operation,
+            )
 
     def _on_tokens(self, outcome: _Outcome, count: int) -> None:
         """`count` tokens just reached the client (in one event: several when text was held back)."""
@@ -348,8 +358,15 @@ class Router:
             outcome.last_token_ns = now_ns
         outcome.output_tokens += count
 
-    async def _stream(self, request: web.Request, params: api.CompletionParams, shape: api.ResponseShape,
-                      request_id: str, events: AsyncIterator[tuple], outcome: _Outcome) -> web.StreamResponse:  # fmt: skip
+    async def _stream(
+        self,
+        request: web.Request,
+        params: api.CompletionParams,
+        shape: api.ResponseShape,
+        request_id: str,
+        events: AsyncIterator[tuple],
+        outcome: _Outcome,
+    ) -> web.StreamResponse:
         """The SSE answer. An event is written only when it has text (held-back bytes of a character, or a
         possible start of a stop string, go out with a later event), except the last, which carries the
         finish reason."""
@@ -378,16 +395,29 @@ class Router:
                         await response.write(tail)
                         break
                     if text:
-                        await response.write(shape.chunk_event(request_id, created_s, model, text, None,
-                                                               held_ids if with_ids else None, first=first))  # fmt: skip
+                        await response.write(
+                            shape.chunk_event(
+                                request_id, created_s, model, text, None, held_ids if with_ids else None, first=first
+                            )
+                        )
                         self._on_tokens(outcome, len(held_ids))
                         held_ids = []
                         first = False
                 else:
                     info = event[1]
                     text = text_stream.flush()
-                    tail = self._tail(params, shape, request_id, created_s, text, info.get("finish_reason"), held_ids,
-                                      first, outcome, info.get("cached_tokens", 0))  # fmt: skip
+                    tail = self._tail(
+                        params,
+                        shape,
+                        request_id,
+                        created_s,
+                        text,
+                        info.get("finish_reason"),
+                        held_ids,
+                        first,
+                        outcome,
+                        info.get("cached_tokens", 0),
+                    )
                     await response.write(tail)
                     break
                 event = await anext(events)
@@ -407,19 +437,43 @@ class Router:
             pass
         return response
 
-    def _tail(self, params: api.CompletionParams, shape: api.ResponseShape, request_id: str, created_s: int, text: str,
-              finish_reason: str | None, held_ids: list[int], first: bool, outcome: _Outcome, cached_tokens: int) -> bytes:  # fmt: skip
+    def _tail(
+        self,
+        params: api.CompletionParams,
+        shape: api.ResponseShape,
+        request_id: str,
+        created_s: int,
+        text: str,
+        finish_reason: str | None,
+        held_ids: list[int],
+        first: bool,
+        outcome: _Outcome,
+        cached_tokens: int,
+    ) -> bytes:
         """The last event (with the finish reason and the tokens still held), usage if asked, and [DONE]."""
-        tail = shape.chunk_event(request_id, created_s, params.model, text, finish_reason,
-                                 held_ids if params.return_token_ids else None, first=first)  # fmt: skip
+        tail = shape.chunk_event(
+            request_id,
+            created_s,
+            params.model,
+            text,
+            finish_reason,
+            held_ids if params.return_token_ids else None,
+            first=first,
+        )
         self._on_tokens(outcome, len(held_ids))
         if params.include_usage:
             usage = api.usage(len(params.prompt_token_ids), outcome.output_tokens, cached_tokens)
             tail += shape.usage_event(request_id, created_s, params.model, usage)
         return tail + api.DONE_EVENT
 
-    async def _complete(self, params: api.CompletionParams, shape: api.ResponseShape, request_id: str,
-                        events: AsyncIterator[tuple], outcome: _Outcome) -> web.Response:  # fmt: skip
+    async def _complete(
+        self,
+        params: api.CompletionParams,
+        shape: api.ResponseShape,
+        request_id: str,
+        events: AsyncIterator[tuple],
+        outcome: _Outcome,
+    ) -> web.Response:
         token_ids: list[int] = []
         info: dict[str, Any] = {}
         text_stream = TextStream(params.stop)
@@ -441,9 +495,14 @@ class Router:
         pieces.append(text_stream.flush())
         usage = api.usage(len(params.prompt_token_ids), len(token_ids), info.get("cached_tokens", 0))
         body = shape.body(
-            request_id, api.now_s(), params.model, "".join(pieces), info.get("finish_reason"), usage,
+            request_id,
+            api.now_s(),
+            params.model,
+            "".join(pieces),
+            info.get("finish_reason"),
+            usage,
             token_ids if params.return_token_ids else None,
-        )  # fmt: skip
+        )
         return web.json_response(body)
 
     # -- upstream
@@ -537,8 +596,9 @@ class Router:
         worker.inflight -= 1
         worker.inflight_tokens -= prompt_tokens
 
-    async def _prefill(self, worker: Endpoint, decode_worker: Endpoint, payload: dict[str, Any],
-                       headers: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+    async def _prefill(
+        self, worker: Endpoint, decode_worker: Endpoint, payload: dict[str, Any], headers: dict[str, str]
+    ) -> dict[str, Any]:
         body = {**payload, "kv_dst": decode_worker.kv_address, "kv_dst_worker": decode_worker.name}
         try:
             async with self.session.post(worker.url + "/prefill", json=body, headers=headers) as response:
@@ -618,8 +678,11 @@ async def _ndjson_events(response: aiohttp.ClientResponse, worker: Endpoint) -> 
             return
         else:
             error = event.get("error") or {}
-            raise UpstreamError(int(error.get("status", 500)), str(error.get("type", "worker_error")),
-                                f"worker {worker.name}: {error.get('message', 'failed')}")  # fmt: skip
+            raise UpstreamError(
+                int(error.get("status", 500)),
+                str(error.get("type", "worker_error")),
+                f"worker {worker.name}: {error.get('message', 'failed')}",
+            )
     raise UpstreamError(500, "worker_failed", f"worker {worker.name} closed the stream before the end")
 
 
@@ -633,8 +696,11 @@ def _upstream_error_response(exc: UpstreamError) -> web.Response:
 
 def _overloaded(message: str, code: str = "server_overloaded") -> web.Response:
     """503 with Retry-After: capacity (queues, KV blocks) is short now; the same request may fit soon."""
-    return web.json_response(api.error_body(message, "server_overloaded", None, code), status=503,
-                             headers={"Retry-After": str(RETRY_AFTER_S)})  # fmt: skip
+    return web.json_response(
+        api.error_body(message, "server_overloaded", None, code),
+        status=503,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 @web.middleware
@@ -646,8 +712,9 @@ async def openai_not_found(request: web.Request, handler: Any) -> web.StreamResp
         body = api.error_body(f"no route {request.method} {request.path}", "invalid_request_error", None, "not_found")
         return web.json_response(body, status=404)
     except web.HTTPMethodNotAllowed as exc:
-        body = api.error_body(f"{request.method} is not allowed on {request.path}", "invalid_request_error", None,
-                              "method_not_allowed")  # fmt: skip
+        body = api.error_body(
+            f"{request.method} is not allowed on {request.path}", "invalid_request_error", None, "method_not_allowed"
+        )
         return web.json_response(body, status=405, headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
 
 

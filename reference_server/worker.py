@@ -214,8 +214,12 @@ class Worker:
         return app
 
     async def health(self, request: web.Request) -> web.Response:
-        body = {"status": "ok" if self.engine.alive else "down", "pool": self.pool_name, "worker": self.options.name,
-                **self.engine.load()}  # fmt: skip
+        body = {
+            "status": "ok" if self.engine.alive else "down",
+            "pool": self.pool_name,
+            "worker": self.options.name,
+            **self.engine.load(),
+        }
         return web.json_response(body, status=200 if self.engine.alive else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -223,8 +227,9 @@ class Worker:
         if registry is None:
             return web.Response(body=b"", content_type="text/plain")
         # Off the loop that streams tokens to the router; every series labelled with this worker.
-        body, content_type = await asyncio.to_thread(exposition, registry, request.headers.get("Accept"),
-                                                     self.metric_labels)  # fmt: skip
+        body, content_type = await asyncio.to_thread(
+            exposition, registry, request.headers.get("Accept"), self.metric_labels
+        )
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response
@@ -264,8 +269,15 @@ class Worker:
             raise BadRequest(f"stop must be a list of at most {MAX_STOP_SEQUENCES} non-empty strings")
         stop_tokens = frozenset() if body.get("ignore_eos") is True else frozenset({EOS_ID})
         try:
-            req = Request(request_id, tuple(prompt), max_tokens, float(temperature), stop_tokens, float(top_p),
-                          tuple(tuple(encode(x)) for x in stop))  # fmt: skip
+            req = Request(
+                request_id,
+                tuple(prompt),
+                max_tokens,
+                float(temperature),
+                stop_tokens,
+                float(top_p),
+                tuple(tuple(encode(x)) for x in stop),
+            )
         except RequestRejected as exc:
             raise BadRequest(str(exc)) from None
         ctx = TraceContext.from_traceparent(request.headers.get("traceparent")) or TraceContext.new_root()

@@ -11,9 +11,17 @@ from tracer.cli_options import Duration, parse_duration_s
 
 @pytest.mark.parametrize(
     "text, seconds",
-    [("90", 90.0), ("1.5s", 1.5), ("500ms", 0.5), ("15m", 900.0), ("2h", 7200.0), ("1d", 86400.0), (" 2 s ", 2.0),
-     ("1e3", 1000.0)],
-)  # fmt: skip
+    [
+        ("90", 90.0),
+        ("1.5s", 1.5),
+        ("500ms", 0.5),
+        ("15m", 900.0),
+        ("2h", 7200.0),
+        ("1d", 86400.0),
+        (" 2 s ", 2.0),
+        ("1e3", 1000.0),
+    ],
+)
 def test_durations_in_every_unit(text, seconds):
     assert parse_duration_s(text) == pytest.approx(seconds)
 

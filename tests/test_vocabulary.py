@@ -12,23 +12,28 @@ from tracer import vocabulary
 
 # Every span name and attribute name of the contract (a rename is a one-line change in the vocabulary).
 CONTRACT_NAMES = {
-    value for name, value in vars(vocabulary).items()
+    value
+    for name, value in vars(vocabulary).items()
     if name.startswith(("SPAN_", "ATTR_", "EVENT_")) and isinstance(value, str)
-}  # fmt: skip
+}
 PACKAGES = ("tracer", "reference_server", "alerts", "dashboards")
 
 
 def _string_literals(path: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     docstrings = {
-        id(node.body[0].value) for node in ast.walk(tree)
+        id(node.body[0].value)
+        for node in ast.walk(tree)
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-        and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
-    }  # fmt: skip
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     return [
-        (node.lineno, node.value) for node in ast.walk(tree)
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-    ]  # fmt: skip
+    ]
 
 
 def test_no_contract_name_is_typed_outside_the_vocabulary():

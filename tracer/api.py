@@ -40,15 +40,38 @@ class Tracer(Protocol):
 
     def mark(self) -> Any: ...
 
-    def stage(self, stage: str, ctx: TraceContext, start: Any, end: Any, attrs: dict[str, Any] | None = None,
-              span_id: int = 0, error_type: str = "") -> int: ...  # fmt: skip
+    def stage(
+        self,
+        stage: str,
+        ctx: TraceContext,
+        start: Any,
+        end: Any,
+        attrs: dict[str, Any] | None = None,
+        span_id: int = 0,
+        error_type: str = "",
+    ) -> int: ...
 
-    def stage_wall(self, stage: str, ctx: TraceContext, start_wall_ns: int, end_wall_ns: int,
-                   attrs: dict[str, Any] | None = None, span_id: int = 0, error_type: str = "") -> int: ...  # fmt: skip
+    def stage_wall(
+        self,
+        stage: str,
+        ctx: TraceContext,
+        start_wall_ns: int,
+        end_wall_ns: int,
+        attrs: dict[str, Any] | None = None,
+        span_id: int = 0,
+        error_type: str = "",
+    ) -> int: ...
 
-    def decode(self, ctx: TraceContext, start: Any, end: Any, token_perf_ns: array,
-               token_prefill_tokens: array | None, attrs: dict[str, Any] | None = None,
-               error_type: str = "") -> int: ...  # fmt: skip
+    def decode(
+        self,
+        ctx: TraceContext,
+        start: Any,
+        end: Any,
+        token_perf_ns: array,
+        token_prefill_tokens: array | None,
+        attrs: dict[str, Any] | None = None,
+        error_type: str = "",
+    ) -> int: ...
 
     def step(
         self,
@@ -60,10 +83,23 @@ class Tracer(Protocol):
         prefill_attention_tokens2: int = -1,
     ) -> None: ...
 
-    def request(self, ctx: TraceContext, span_id: int, start: Any, end: Any, first_token: Any, *, model: str,
-                mode: str, request_id: str, input_tokens: int, output_tokens: int,
-                token_gap_s: array | None = None, error_type: str = "",
-                operation: str = OPERATION_TEXT_COMPLETION) -> None: ...  # fmt: skip
+    def request(
+        self,
+        ctx: TraceContext,
+        span_id: int,
+        start: Any,
+        end: Any,
+        first_token: Any,
+        *,
+        model: str,
+        mode: str,
+        request_id: str,
+        input_tokens: int,
+        output_tokens: int,
+        token_gap_s: array | None = None,
+        error_type: str = "",
+        operation: str = OPERATION_TEXT_COMPLETION,
+    ) -> None: ...
 
 
 class RecordingTracer:
@@ -175,8 +211,24 @@ def _recorders(push: Callable[[tuple], None]) -> tuple[Callable[..., Any], ...]:
     ) -> None:
         """Record the router's root span (`{operation} {model}`: `text_completion` or `chat`) and the
         client-facing latencies. Once per request, so its keyword-only fields cost nothing that matters."""
-        push((KIND_REQUEST, ctx, span_id, start, end, first_token, model, mode, request_id, input_tokens,
-              output_tokens, token_gap_s, error_type, operation))  # fmt: skip
+        push(
+            (
+                KIND_REQUEST,
+                ctx,
+                span_id,
+                start,
+                end,
+                first_token,
+                model,
+                mode,
+                request_id,
+                input_tokens,
+                output_tokens,
+                token_gap_s,
+                error_type,
+                operation,
+            )
+        )
 
     return stage, stage_wall, decode, step, request
 
@@ -191,12 +243,21 @@ class NoopTracer:
     enabled = False
     mark = staticmethod(_zero)
 
-    def stage(self, stage: str, ctx: Any, start: Any, end: Any, attrs: Any = None, span_id: int = 0,
-              error_type: str = "") -> int:  # fmt: skip
+    def stage(
+        self, stage: str, ctx: Any, start: Any, end: Any, attrs: Any = None, span_id: int = 0, error_type: str = ""
+    ) -> int:
         return span_id
 
-    def stage_wall(self, stage: str, ctx: Any, start_wall_ns: int, end_wall_ns: int, attrs: Any = None,
-                   span_id: int = 0, error_type: str = "") -> int:  # fmt: skip
+    def stage_wall(
+        self,
+        stage: str,
+        ctx: Any,
+        start_wall_ns: int,
+        end_wall_ns: int,
+        attrs: Any = None,
+        span_id: int = 0,
+        error_type: str = "",
+    ) -> int:
         return span_id
 
     def decode(self, *args: Any, **kwargs: Any) -> int:

@@ -110,8 +110,10 @@ class MetricsRecorder:
             labels = {"gen_ai_request_model": key[0], "mode": key[1]}
             cat = self.catalogue
             children = self._request_children[key] = (
-                cat.ttft.labels(**labels), cat.tpot.labels(**labels), cat.request_duration.labels(**labels),
-            )  # fmt: skip
+                cat.ttft.labels(**labels),
+                cat.tpot.labels(**labels),
+                cat.request_duration.labels(**labels),
+            )
         ttft, tpot, request_duration = children
         if data.error_type:
             return  # latency SLOs are about answered requests; errors are counted by the router

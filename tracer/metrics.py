@@ -33,13 +33,53 @@ from tracer.resource import env_resource_attributes
 from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
 LATENCY_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-    1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 TOKEN_BUCKETS_S = (
-    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3,
-    0.5, 0.75, 1.0, 2.5,
-)  # fmt: skip
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 
 # Names the alert rules and dashboards read, as Prometheus stores them (histograms: the family, without
 # `_bucket`/`_sum`/`_count`; counters: with `_total`).
@@ -383,8 +423,15 @@ class BulkHistogram(Collector):
     counts in numpy and renders the same exposition (`_bucket{le}`, `_count`, `_sum`), without exemplars.
     """
 
-    def __init__(self, name: str, documentation: str, labelnames: Sequence[str], *, buckets: Sequence[float],
-                 registry: CollectorRegistry) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        *,
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
@@ -475,8 +522,9 @@ class LabelledCollection:
             yield labelled
 
 
-def exposition(registry: MetricSource, accept_header: str | None,
-               labels: dict[str, str] | None = None) -> tuple[bytes, str]:  # fmt: skip
+def exposition(
+    registry: MetricSource, accept_header: str | None, labels: dict[str, str] | None = None
+) -> tuple[bytes, str]:
     """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
 
     `labels` (see `process_labels`) are added to every series. CPU-bound (milliseconds for a worker's

@@ -114,8 +114,14 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
     `shutdown_timeout_millis` (callers flush first, so it only waits for what came after the flush).
     """
 
-    def __init__(self, exporter: SpanExporter, *, on_drop: Callable[[int], None] | None = None,
-                 shutdown_timeout_millis: int = 1000, **settings: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        exporter: SpanExporter,
+        *,
+        on_drop: Callable[[int], None] | None = None,
+        shutdown_timeout_millis: int = 1000,
+        **settings: Any,
+    ) -> None:
         super().__init__(exporter, **settings)
         self._shutdown_timeout_millis = shutdown_timeout_millis
         # The SDK's own queue (1.45: a deque with maxlen), read for its length only. tests/faults checks
@@ -182,9 +188,12 @@ class CountingExporter(SpanExporter):
         return self.exporter.force_flush(timeout_millis)
 
 
-def span_processors(traces_file: str | None, environ: Mapping[str, str] | None = None,
-                    on_drop: Callable[[int], None] | None = None,
-                    on_export_failed: Callable[[int], None] | None = None) -> list[SpanProcessor]:  # fmt: skip
+def span_processors(
+    traces_file: str | None,
+    environ: Mapping[str, str] | None = None,
+    on_drop: Callable[[int], None] | None = None,
+    on_export_failed: Callable[[int], None] | None = None,
+) -> list[SpanProcessor]:
     """One batching processor per exporter (OTLP from the environment, the traces file). `on_drop(n)`
     counts spans a full export queue displaced, `on_export_failed(n)` spans of batches an exporter gave up
     on; every other span is exported or still queued. Raises ValueError on a malformed OTEL_BSP_* value."""

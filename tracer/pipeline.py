@@ -100,9 +100,14 @@ class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
     def __init__(
-        self, clock: Clock, pool: str | None, worker: str | None, step_sample_every: int = 1,
-        step_sampler: StepSampler | None = None, slo: RequestSlo | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        clock: Clock,
+        pool: str | None,
+        worker: str | None,
+        step_sample_every: int = 1,
+        step_sampler: StepSampler | None = None,
+        slo: RequestSlo | None = None,
+    ) -> None:
         """Step spans are kept by `step_sampler`, else a StepSampler keeping 1 in `step_sample_every`
         decode-only steps and every prefill step up to its budget (1: every step). With `slo` (the
         router's), root spans say whether the request met it (`splitscope.slo.violated` / `.missed`)."""
@@ -123,23 +128,34 @@ class SpanBuilder:
 
     def stage(self, record: StageRecord, interval: Interval) -> s.SpanData:
         return s.SpanData(
-            name=s.STAGE_SPAN_NAMES[record.stage], kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id,
-            span_id=record.span_id or s.new_span_id(), parent_span_id=record.ctx.span_id,
-            start_ns=interval.start_wall_ns, end_ns=max(interval.end_wall_ns, interval.start_wall_ns),
-            attributes=self._stage_attrs(record.attrs, interval.source), error_type=record.error_type,
-        )  # fmt: skip
+            name=s.STAGE_SPAN_NAMES[record.stage],
+            kind=s.KIND_INTERNAL,
+            trace_id=record.ctx.trace_id,
+            span_id=record.span_id or s.new_span_id(),
+            parent_span_id=record.ctx.span_id,
+            start_ns=interval.start_wall_ns,
+            end_ns=max(interval.end_wall_ns, interval.start_wall_ns),
+            attributes=self._stage_attrs(record.attrs, interval.source),
+            error_type=record.error_type,
+        )
 
     def decode(self, record: DecodeRecord, interval: Interval) -> s.SpanData:
         attrs = self._stage_attrs(record.attrs, interval.source)
         decode_attrs, stalls, gaps_s, stall_perf_ns = decode_summary(record.token_perf_ns, record.token_prefill_tokens)
         attrs.update(decode_attrs)
         return s.SpanData(
-            name=s.SPAN_DECODE, kind=s.KIND_INTERNAL, trace_id=record.ctx.trace_id, span_id=s.new_span_id(),
-            parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
-            end_ns=max(interval.end_wall_ns, interval.start_wall_ns), attributes=attrs,
+            name=s.SPAN_DECODE,
+            kind=s.KIND_INTERNAL,
+            trace_id=record.ctx.trace_id,
+            span_id=s.new_span_id(),
+            parent_span_id=record.ctx.span_id,
+            start_ns=interval.start_wall_ns,
+            end_ns=max(interval.end_wall_ns, interval.start_wall_ns),
+            attributes=attrs,
             events=[(name, self.clock.to_wall_ns(t), a) for (name, _, a), t in zip(stalls, stall_perf_ns)],
-            error_type=record.error_type, samples={"itl_gaps_s": gaps_s},
-        )  # fmt: skip
+            error_type=record.error_type,
+            samples={"itl_gaps_s": gaps_s},
+        )
 
     def step(self, record: StepRecord, interval: Interval) -> s.SpanData:
         if interval.start_wall_ns - self._step_trace_started_ns > STEP_TRACE_WINDOW_NS:
@@ -147,16 +163,24 @@ class SpanBuilder:
             self._step_trace_started_ns = interval.start_wall_ns
         weight = self.step_sampler.keep(interval.start_wall_ns, record.prefill_tokens)
         span = s.SpanData(
-            name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=self._step_trace_id, span_id=s.new_span_id(),
-            parent_span_id=0, start_ns=interval.start_wall_ns, end_ns=interval.end_wall_ns,
+            name=s.SPAN_STEP,
+            kind=s.KIND_INTERNAL,
+            trace_id=self._step_trace_id,
+            span_id=s.new_span_id(),
+            parent_span_id=0,
+            start_ns=interval.start_wall_ns,
+            end_ns=interval.end_wall_ns,
             attributes={
-                s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: interval.source,
+                s.ATTR_POOL: self.pool,
+                s.ATTR_WORKER: self.worker,
+                s.ATTR_TIMING_SOURCE: interval.source,
                 s.ATTR_STEP_DECODE_REQUESTS: record.decode_requests,
                 s.ATTR_STEP_PREFILL_TOKENS: record.prefill_tokens,
-                s.ATTR_STEP_CONTEXT_TOKENS: record.context_tokens, s.ATTR_SAMPLE_WEIGHT: weight,
+                s.ATTR_STEP_CONTEXT_TOKENS: record.context_tokens,
+                s.ATTR_SAMPLE_WEIGHT: weight,
             },
             sampled=weight > 0,  # not kept: metrics only
-        )  # fmt: skip
+        )
         if record.prefill_attention_tokens2 >= 0:
             span.attributes[s.ATTR_STEP_PREFILL_ATTENTION_TOKENS2] = record.prefill_attention_tokens2
         return span
@@ -164,10 +188,13 @@ class SpanBuilder:
     def request(self, record: RequestRecord, interval: Interval) -> s.SpanData:
         gaps = sorted(record.token_gap_s) if record.token_gap_s is not None else []
         attrs: dict[str, Any] = {
-            s.ATTR_OPERATION: record.operation, s.ATTR_MODEL: record.model,
-            s.ATTR_INPUT_TOKENS: record.input_tokens, s.ATTR_OUTPUT_TOKENS: record.output_tokens,
-            s.ATTR_REQUEST_ID: record.request_id, s.ATTR_MODE: record.mode,
-        }  # fmt: skip
+            s.ATTR_OPERATION: record.operation,
+            s.ATTR_MODEL: record.model,
+            s.ATTR_INPUT_TOKENS: record.input_tokens,
+            s.ATTR_OUTPUT_TOKENS: record.output_tokens,
+            s.ATTR_REQUEST_ID: record.request_id,
+            s.ATTR_MODE: record.mode,
+        }
         if record.first_token is not None:
             first_ns = self.clock.to_wall_ns(self.clock.host_perf_ns(record.first_token))
             attrs[s.ATTR_TTFT_S] = max(0, first_ns - interval.start_wall_ns) / 1e9
@@ -177,16 +204,24 @@ class SpanBuilder:
             attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
         if self.slo is not None:
             missed = self.slo.missed(
-                attrs.get(s.ATTR_TTFT_S), max(0, interval.end_wall_ns - interval.start_wall_ns) / 1e9, attrs.get(s.ATTR_ITL_P99_S)
-            )  # fmt: skip
+                attrs.get(s.ATTR_TTFT_S),
+                max(0, interval.end_wall_ns - interval.start_wall_ns) / 1e9,
+                attrs.get(s.ATTR_ITL_P99_S),
+            )
             attrs[s.ATTR_SLO_VIOLATED] = bool(missed)
             if missed:
                 attrs[s.ATTR_SLO_MISSED] = ",".join(missed)
         return s.SpanData(
-            name=f"{record.operation} {record.model}", kind=s.KIND_SERVER, trace_id=record.ctx.trace_id,
-            span_id=record.span_id, parent_span_id=record.ctx.span_id, start_ns=interval.start_wall_ns,
-            end_ns=interval.end_wall_ns, attributes=attrs, error_type=record.error_type,
-        )  # fmt: skip
+            name=f"{record.operation} {record.model}",
+            kind=s.KIND_SERVER,
+            trace_id=record.ctx.trace_id,
+            span_id=record.span_id,
+            parent_span_id=record.ctx.span_id,
+            start_ns=interval.start_wall_ns,
+            end_ns=interval.end_wall_ns,
+            attributes=attrs,
+            error_type=record.error_type,
+        )
 
 
 # ------------------------------------------------------------------------------------- the thread

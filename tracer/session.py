@@ -134,8 +134,13 @@ def start_tracing(
     return TracingSession(RecordingTracer(clock, ring), pipeline, catalogue, registry, dropped)
 
 
-def _local_sink(resource: dict[str, Any], catalogue: Catalogue | None, traces_file: str | None,
-                processors: list[SpanProcessor] | None, dropped: DropCounts) -> Sink:  # fmt: skip
+def _local_sink(
+    resource: dict[str, Any],
+    catalogue: Catalogue | None,
+    traces_file: str | None,
+    processors: list[SpanProcessor] | None,
+    dropped: DropCounts,
+) -> Sink:
     """The in-process SDK export and metrics (imported here: the sidecar path never loads them)."""
     from opentelemetry.sdk.resources import Resource
 

@@ -38,12 +38,19 @@ class SpanData:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "name": self.name, "kind": self.kind, "trace_id": format(self.trace_id, "032x"),
-            "span_id": format(self.span_id, "016x"), "parent_span_id": format(self.parent_span_id, "016x"),
-            "start_ns": self.start_ns, "end_ns": self.end_ns, "attributes": self.attributes,
-            "events": self.events, "error_type": self.error_type, "samples": self.samples,
+            "name": self.name,
+            "kind": self.kind,
+            "trace_id": format(self.trace_id, "032x"),
+            "span_id": format(self.span_id, "016x"),
+            "parent_span_id": format(self.parent_span_id, "016x"),
+            "start_ns": self.start_ns,
+            "end_ns": self.end_ns,
+            "attributes": self.attributes,
+            "events": self.events,
+            "error_type": self.error_type,
+            "samples": self.samples,
             "sampled": self.sampled,
-        }  # fmt: skip
+        }
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> SpanData:
@@ -57,9 +64,16 @@ class SpanData:
         events = [(str(n), int(t), dict(a)) for n, t, a in obj.get("events") or ()]
         samples = {str(k): [float(x) for x in v] for k, v in (obj.get("samples") or {}).items()}
         return cls(
-            name=str(obj["name"]), kind=int(obj.get("kind", KIND_INTERNAL)),
-            trace_id=int(obj["trace_id"], 16), span_id=int(obj["span_id"], 16),
-            parent_span_id=int(obj.get("parent_span_id") or "0", 16), start_ns=start_ns, end_ns=end_ns,
-            attributes=attributes, events=events, error_type=str(obj.get("error_type") or ""),
-            samples=samples, sampled=bool(obj.get("sampled", True)),
-        )  # fmt: skip
+            name=str(obj["name"]),
+            kind=int(obj.get("kind", KIND_INTERNAL)),
+            trace_id=int(obj["trace_id"], 16),
+            span_id=int(obj["span_id"], 16),
+            parent_span_id=int(obj.get("parent_span_id") or "0", 16),
+            start_ns=start_ns,
+            end_ns=end_ns,
+            attributes=attributes,
+            events=events,
+            error_type=str(obj.get("error_type") or ""),
+            samples=samples,
+            sampled=bool(obj.get("sampled", True)),
+        )

@@ -20,16 +20,44 @@ from tracer.sidecar import scrape
 from tracer.sidecar.scrape import map_families, warn_missing_slo_edges
 
 # vLLM v1's TTFT buckets (vllm/v1/metrics/loggers.py): no 2 s edge.
-VLLM_TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                       10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+VLLM_TTFT_BUCKETS_S = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
 
 
 def _vllm_like() -> CollectorRegistry:
     registry = CollectorRegistry()
-    Histogram("gen_ai_server_time_to_first_token_seconds", "TTFT", ["gen_ai_request_model", "mode"],
-              buckets=VLLM_TTFT_BUCKETS_S, registry=registry).labels("llama", "colocated").observe(0.3)  # fmt: skip
-    Histogram("splitscope_inter_token_latency_seconds", "ITL", ["pool"], buckets=(0.01, 0.2, 1.0),
-              registry=registry).labels("decode").observe(0.05)  # fmt: skip
+    Histogram(
+        "gen_ai_server_time_to_first_token_seconds",
+        "TTFT",
+        ["gen_ai_request_model", "mode"],
+        buckets=VLLM_TTFT_BUCKETS_S,
+        registry=registry,
+    ).labels("llama", "colocated").observe(0.3)
+    Histogram(
+        "splitscope_inter_token_latency_seconds", "ITL", ["pool"], buckets=(0.01, 0.2, 1.0), registry=registry
+    ).labels("decode").observe(0.05)
     return registry
 
 
@@ -72,16 +100,20 @@ def test_alerts_check_warns_about_an_exposition_without_the_slo_edge(vllm_like_u
 VLLM_FIXTURE = Path(__file__).with_name("fixtures") / "vllm-latency-histograms.txt"
 
 
-def test_the_sidecar_warns_once_about_vllms_ttft_buckets(caplog: pytest.LogCaptureFixture,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_sidecar_warns_once_about_vllms_ttft_buckets(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real vLLM exposition (the TTFT and ITL families of a captured vLLM worker exposition), mapped by the sidecar: its
     TTFT buckets lack 2 s (judged at 1 s), its ITL buckets have 100 ms (no warning)."""
     # "Once" is per process: a sidecar test that ran first may have warned already.
     monkeypatch.setattr(scrape, "_SLO_EDGE_WARNED", set())
-    families = map_families(VLLM_FIXTURE.read_text(encoding="utf-8"), "vllm", pool="colocated", worker="v0",
-                            mode="colocated")  # fmt: skip
-    assert {f.name for f in families} == {"gen_ai_server_time_to_first_token_seconds",
-                                          "splitscope_inter_token_latency_seconds"}  # fmt: skip
+    families = map_families(
+        VLLM_FIXTURE.read_text(encoding="utf-8"), "vllm", pool="colocated", worker="v0", mode="colocated"
+    )
+    assert {f.name for f in families} == {
+        "gen_ai_server_time_to_first_token_seconds",
+        "splitscope_inter_token_latency_seconds",
+    }
     with caplog.at_level(logging.WARNING, logger="tracer.sidecar.scrape"):
         warn_missing_slo_edges("vllm", families)
         warn_missing_slo_edges("vllm", families)  # the next scrape: nothing new to say

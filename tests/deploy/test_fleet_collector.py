@@ -175,9 +175,23 @@ CONTRIB = {
     },
 }
 # Policy types of the tail sampling processor (processor/tailsamplingprocessor/README.md).
-TAIL_POLICIES = {"always_sample", "latency", "numeric_attribute", "probabilistic", "status_code", "string_attribute",
-                 "rate_limiting", "span_count", "trace_state", "boolean_attribute", "ottl_condition", "and", "composite",
-                 "not", "drop"}  # fmt: skip
+TAIL_POLICIES = {
+    "always_sample",
+    "latency",
+    "numeric_attribute",
+    "probabilistic",
+    "status_code",
+    "string_attribute",
+    "rate_limiting",
+    "span_count",
+    "trace_state",
+    "boolean_attribute",
+    "ottl_condition",
+    "and",
+    "composite",
+    "not",
+    "drop",
+}
 LOADBALANCING_ROUTING_KEYS = {"traceID", "service", "resource", "metric", "streamID", "attributes"}
 
 

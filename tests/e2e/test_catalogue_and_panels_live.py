@@ -78,10 +78,18 @@ class Stack:
 
 def _load(server: ServerProcess, prompt_tokens: int, output_tokens: int) -> BackgroundLoad:
     # Several requests overlap, so colocated steps come both with and without a new prompt's prefill.
-    return BackgroundLoad(LoadConfig(
-        url=server.url, model=PRESET, rate_rps=4.0, duration_s=LOAD_S, prompt=LengthSpec(prompt_tokens),
-        output=LengthSpec(output_tokens), seed=5, timeout_s=60,
-    ))  # fmt: skip
+    return BackgroundLoad(
+        LoadConfig(
+            url=server.url,
+            model=PRESET,
+            rate_rps=4.0,
+            duration_s=LOAD_S,
+            prompt=LengthSpec(prompt_tokens),
+            output=LengthSpec(output_tokens),
+            seed=5,
+            timeout_s=60,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +99,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     sidecar = Sidecar(SidecarConfig(http_port=0, grpc_port=None, unix_socket=socket_path, gpu=True, environ={}))
     sidecar.start()
     disaggregated = ServerProcess(
-        ["--preset", PRESET, "--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1",
-         "--sidecar-socket", socket_path, "--namespace", NAMESPACES["disaggregated"]],
+        [
+            "--preset",
+            PRESET,
+            "--mode",
+            "disaggregated",
+            "--prefill-workers",
+            "1",
+            "--decode-workers",
+            "1",
+            "--sidecar-socket",
+            socket_path,
+            "--namespace",
+            NAMESPACES["disaggregated"],
+        ],
         log_path=work / "disaggregated.log",
-    )  # fmt: skip
-    colocated = ServerProcess(["--preset", PRESET, "--mode", "colocated", "--workers", "1",
-                               "--namespace", NAMESPACES["colocated"]], log_path=work / "colocated.log")  # fmt: skip
+    )
+    colocated = ServerProcess(
+        ["--preset", PRESET, "--mode", "colocated", "--workers", "1", "--namespace", NAMESPACES["colocated"]],
+        log_path=work / "colocated.log",
+    )
     try:
         with ThreadPoolExecutor(2) as pool:  # both import torch and build a model: start them side by side
             for started in [pool.submit(s.start) for s in (disaggregated, colocated)]:
@@ -119,8 +141,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None:
     referenced = referenced_metrics()
     # The catalogue check is only as good as the parse of the dashboards and rules behind it.
-    assert {"splitscope_step_duration_seconds", "splitscope_kv_transfer_failures_total",
-            "gen_ai_server_time_to_first_token_seconds", "splitscope_gpu_telemetry_up"} <= referenced  # fmt: skip
+    assert {
+        "splitscope_step_duration_seconds",
+        "splitscope_kv_transfer_failures_total",
+        "gen_ai_server_time_to_first_token_seconds",
+        "splitscope_gpu_telemetry_up",
+    } <= referenced
 
     with_sidecar = exposed_families(stack.disaggregated.url + "/metrics") | exposed_families(stack.sidecar_metrics_url)
     assert missing_families(sorted(referenced), with_sidecar) == []
@@ -145,8 +171,9 @@ def test_every_dashboard_panel_returns_data_from_a_live_prometheus(stack: Stack)
     deadline = time.monotonic() + PANEL_WAIT_S
     # Rates need two scrapes of an increase inside their window: poll every panel until each has data.
     while pending and time.monotonic() < deadline:
-        pending = {(uid, title, promql) for uid, title, promql in pending
-                   if not finite_values(stack.prom.query(promql))}  # fmt: skip
+        pending = {
+            (uid, title, promql) for uid, title, promql in pending if not finite_values(stack.prom.query(promql))
+        }
         if pending:
             time.sleep(0.5)  # poll interval: Prometheus scrapes every second
     assert sorted(pending) == [], "panels without data"
@@ -160,8 +187,11 @@ def test_committed_rules_evaluate_cleanly_on_live_data(stack: Stack) -> None:
     unhealthy = [(r["name"], r.get("lastError")) for g in groups for r in g["rules"] if r["health"] != "ok"]
     assert unhealthy == []
     # Recording rules that join several families have values on real data.
-    for record in ("deployment:splitscope_kv_transfer:ttft_share5m", "pool:splitscope_worker_busy:ratio5m",
-                   "pool:splitscope_step_duration_seconds:prefill_time_share5m"):  # fmt: skip
+    for record in (
+        "deployment:splitscope_kv_transfer:ttft_share5m",
+        "pool:splitscope_worker_busy:ratio5m",
+        "pool:splitscope_step_duration_seconds:prefill_time_share5m",
+    ):
         assert finite_values(stack.prom.query(record)), f"{record} has no value"
     assert "TelemetryAbsent" not in {a["labels"]["alertname"] for a in stack.prom.alerts()}
     # Each deployment's pools are judged on their own: one busy ratio per (namespace, pool), none over 1.
@@ -177,6 +207,9 @@ def test_every_worker_series_keeps_its_worker_and_namespace(stack: Stack) -> Non
     sidecar = f"127.0.0.1:{stack.sidecar.http_port}"
     steps = stack.prom.query(f'splitscope_step_duration_seconds_count{{instance!="{sidecar}"}}')
     labelled = {(s["metric"].get("namespace"), s["metric"]["pool"], s["metric"].get("worker")) for s in steps}
-    assert {("team-disagg", "prefill", "prefill-0"), ("team-disagg", "decode", "decode-0"),
-            ("team-coloc", "colocated", "colocated-0")} <= labelled  # fmt: skip
+    assert {
+        ("team-disagg", "prefill", "prefill-0"),
+        ("team-disagg", "decode", "decode-0"),
+        ("team-coloc", "colocated", "colocated-0"),
+    } <= labelled
     assert all(worker for _, _, worker in labelled), labelled

@@ -85,8 +85,14 @@ def _target(server: ServerProcess) -> str:
 
 
 def _load(server: ServerProcess, **overrides: object) -> LoadConfig:
-    return LoadConfig(url=server.url, model=PRESET, slo=ClientSLO(ttft_s=DEFAULT_SETTINGS.ttft_slo_s,
-                      itl_s=DEFAULT_SETTINGS.itl_slo_s), seed=11, timeout_s=60, **overrides)  # fmt: skip
+    return LoadConfig(
+        url=server.url,
+        model=PRESET,
+        slo=ClientSLO(ttft_s=DEFAULT_SETTINGS.ttft_slo_s, itl_s=DEFAULT_SETTINGS.itl_slo_s),
+        seed=11,
+        timeout_s=60,
+        **overrides,
+    )
 
 
 def _watched_alerts(prom: PrometheusHandle) -> list[tuple[str, str]]:
@@ -97,8 +103,9 @@ def test_steady_short_prompts_keep_interference_alerts_silent(server: ServerProc
     judged_s = int(STEADY_S - WINDOW_S)
     with running_prometheus([_target(server)], rule_files=[rules_file]) as prom:
         prom.wait_targets_up(timeout_s=30)
-        load = BackgroundLoad(_load(server, rate_rps=STEADY_RATE_RPS, duration_s=STEADY_S,
-                                    prompt=STEADY_PROMPT, output=STEADY_OUTPUT)).start()  # fmt: skip
+        load = BackgroundLoad(
+            _load(server, rate_rps=STEADY_RATE_RPS, duration_s=STEADY_S, prompt=STEADY_PROMPT, output=STEADY_OUTPUT)
+        ).start()
         result = load.join()
         assert result.summary.errors == 0 and result.summary.ok >= 0.5 * STEADY_RATE_RPS * STEADY_S
 
@@ -120,9 +127,17 @@ def test_steady_short_prompts_keep_interference_alerts_silent(server: ServerProc
 def test_long_prompts_raise_decode_interference_and_a_recommendation(server: ServerProcess, rules_file: Path) -> None:
     with running_prometheus([_target(server)], rule_files=[rules_file]) as prom:
         prom.wait_targets_up(timeout_s=30)
-        load = BackgroundLoad(_load(server, rate_rps=BURST_STREAM_RATE_RPS, duration_s=INTERFERENCE_LIMIT_S,
-                                    prompt=BURST_STREAM_PROMPT, output=BURST_STREAM_OUTPUT, burst=BURST,
-                                    max_inflight=16)).start()  # fmt: skip
+        load = BackgroundLoad(
+            _load(
+                server,
+                rate_rps=BURST_STREAM_RATE_RPS,
+                duration_s=INTERFERENCE_LIMIT_S,
+                prompt=BURST_STREAM_PROMPT,
+                output=BURST_STREAM_OUTPUT,
+                burst=BURST,
+                max_inflight=16,
+            )
+        ).start()
         try:
             interference = prom.wait_for('ALERTS{alertname="DecodeInterference"}', bool, timeout_s=ALERT_WAIT_S)
             recommendation = prom.wait_for(
@@ -147,12 +162,24 @@ def test_long_prompts_raise_decode_interference_and_a_recommendation(server: Ser
 
 def test_recurring_bursts_raise_a_recommendation_judged_over_the_horizon(server: ServerProcess, tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
-    rules.write_text(render_rules_yaml(for_scale=FOR_SCALE, range_override=f"{RECURRING_WINDOW_S}s",
-                                       horizon_override=f"{RECURRING_HORIZON_S}s"), encoding="utf-8")  # fmt: skip
+    rules.write_text(
+        render_rules_yaml(
+            for_scale=FOR_SCALE, range_override=f"{RECURRING_WINDOW_S}s", horizon_override=f"{RECURRING_HORIZON_S}s"
+        ),
+        encoding="utf-8",
+    )
     with running_prometheus([_target(server)], rule_files=[rules]) as prom:
         prom.wait_targets_up(timeout_s=30)
-        load = BackgroundLoad(_load(server, rate_rps=STEADY_RATE_RPS, duration_s=RECURRING_LIMIT_S,
-                                    prompt=STEADY_PROMPT, output=STEADY_OUTPUT, burst=RECURRING_BURST)).start()  # fmt: skip
+        load = BackgroundLoad(
+            _load(
+                server,
+                rate_rps=STEADY_RATE_RPS,
+                duration_s=RECURRING_LIMIT_S,
+                prompt=STEADY_PROMPT,
+                output=STEADY_OUTPUT,
+                burst=RECURRING_BURST,
+            )
+        ).start()
         try:
             recommendation = prom.wait_for(
                 'ALERTS{alertname=~"SplitRecommended|ChunkedPrefillRecommended"}', bool, timeout_s=RECURRING_LIMIT_S

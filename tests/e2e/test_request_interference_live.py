@@ -133,9 +133,17 @@ def deployment(run: Run, stack: ExitStack) -> Iterator[list[str]]:
             "vllm:inter_token_latency_seconds", "ITL", ["model_name"], buckets=VLLM_ITL_BUCKETS_S, registry=registry
         )
         engine_target = stack.enter_context(serving_registry(registry, free_port()))
-        config = SidecarConfig(http_port=0, grpc_port=None, metrics_port=0, pool=Pool.COLOCATED,
-                               worker=f"vllm-{worker}", mode=Mode.COLOCATED, gpu=False, environ={},
-                               scrape=[("vllm", f"http://{engine_target}/metrics")])  # fmt: skip
+        config = SidecarConfig(
+            http_port=0,
+            grpc_port=None,
+            metrics_port=0,
+            pool=Pool.COLOCATED,
+            worker=f"vllm-{worker}",
+            mode=Mode.COLOCATED,
+            gpu=False,
+            environ={},
+            scrape=[("vllm", f"http://{engine_target}/metrics")],
+        )
         sidecar = Sidecar(config).start()
         stack.callback(sidecar.stop, 2.0)
         engines.append(Engine(sidecar, ttft.labels(model_name=MODEL), itl.labels(model_name=MODEL)))
@@ -182,12 +190,23 @@ def test_request_level_interference_alerts_fire_for_the_interfering_deployment_o
     assert truth.expected.verdict == "enable-chunked-prefill"  # the oracle's own goodput search
     sample = traffic(CASE, REQUESTS, seed=7)
     free = replace(CASE.physics, per_prefill_token_s=0.0, per_attention_token2_s=0.0)
-    runs = {name: serve(CASE.current, sample.at(RATE_PER_S), sample.prompt_tokens, sample.output_tokens, physics,
-                        noise_sigma=0.03, seed=7)
-            for name, physics in (("interfering", CASE.physics), ("free", free))}  # fmt: skip
+    runs = {
+        name: serve(
+            CASE.current,
+            sample.at(RATE_PER_S),
+            sample.prompt_tokens,
+            sample.output_tokens,
+            physics,
+            noise_sigma=0.03,
+            seed=7,
+        )
+        for name, physics in (("interfering", CASE.physics), ("free", free))
+    }
     rules = tmp_path / "rules.yaml"
-    rules.write_text(render_rules_yaml(for_scale=FOR_SCALE, range_override=WINDOW, settings=SETTINGS,
-                                       horizon_override=HORIZON), encoding="utf-8")  # fmt: skip
+    rules.write_text(
+        render_rules_yaml(for_scale=FOR_SCALE, range_override=WINDOW, settings=SETTINGS, horizon_override=HORIZON),
+        encoding="utf-8",
+    )
 
     with ExitStack() as stack:
         targets = {name: stack.enter_context(deployment(run, stack)) for name, run in runs.items()}

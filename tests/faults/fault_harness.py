@@ -81,8 +81,9 @@ class SidecarProcess:
         command = [sys.executable, "-c", "from tracer.cli import main; main()", "sidecar", "--no-gpu", *self.args]
         start_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)  # fmt: skip
+            self.process = subprocess.Popen(
+                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
 
         def listening_or_dead() -> bool:
             text = self.log_path.read_text(errors="replace")[start_offset:]
@@ -213,8 +214,10 @@ class Phase:
         return sum(r.errors for r in self.healthy + self.faulted)
 
     def describe(self) -> str:
-        return (f"healthy {self._tokens_per_s(self.healthy):.0f} tok/s, faulted {self._tokens_per_s(self.faulted):.0f} tok/s"
-                f" over {len(self.healthy)} slices each")  # fmt: skip
+        return (
+            f"healthy {self._tokens_per_s(self.healthy):.0f} tok/s, faulted {self._tokens_per_s(self.faulted):.0f} tok/s"
+            f" over {len(self.healthy)} slices each"
+        )
 
 
 def interleaved(healthy: Server, faulted: Server, *, slices: int = 12, slice_s: float = 0.75) -> Phase:
@@ -255,10 +258,15 @@ def tcp_rows() -> list[TcpRow]:
     rows = []
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()
-        rows.append(TcpRow(
-            local_port=int(fields[1].split(":")[1], 16), remote_port=int(fields[2].split(":")[1], 16),
-            state=int(fields[3], 16), rx_queue_bytes=int(fields[4].split(":")[1], 16), inode=int(fields[9]),
-        ))  # fmt: skip
+        rows.append(
+            TcpRow(
+                local_port=int(fields[1].split(":")[1], 16),
+                remote_port=int(fields[2].split(":")[1], 16),
+                state=int(fields[3], 16),
+                rx_queue_bytes=int(fields[4].split(":")[1], 16),
+                inode=int(fields[9]),
+            )
+        )
     return rows
 
 
@@ -283,5 +291,8 @@ def unread_bytes_sent_by(sender_pid: int, receiver_pid: int) -> int:
     sender_ports = {
         r.local_port for r in rows if r.state == TCP_ESTABLISHED and r.inode in sender and r.remote_port in listening
     }
-    return sum(r.rx_queue_bytes for r in rows
-               if r.state == TCP_ESTABLISHED and r.local_port in listening and r.remote_port in sender_ports)  # fmt: skip
+    return sum(
+        r.rx_queue_bytes
+        for r in rows
+        if r.state == TCP_ESTABLISHED and r.local_port in listening and r.remote_port in sender_ports
+    )

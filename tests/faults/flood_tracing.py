@@ -90,8 +90,16 @@ def main(kind: str, spans: int) -> dict:
         cap = processor._batch_processor._max_queue_size
     counted = session.dropped_records.by_reason()  # on either path, with or without a Prometheus catalogue
     dropped = {str(reason): float(counted.get(reason, 0)) for reason in DropReason}
-    return {"kind": kind, "produced": produced, "emitted": pipeline.emitted, "dropped": dropped, "held": held,
-            "cap": cap, "rss_before": rss_before, "rss_after": rss_after}  # fmt: skip
+    return {
+        "kind": kind,
+        "produced": produced,
+        "emitted": pipeline.emitted,
+        "dropped": dropped,
+        "held": held,
+        "cap": cap,
+        "rss_before": rss_before,
+        "rss_after": rss_after,
+    }
 
 
 if __name__ == "__main__":

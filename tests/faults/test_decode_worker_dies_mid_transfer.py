@@ -43,8 +43,16 @@ def test_killing_a_decode_worker_mid_transfer_fails_only_that_request_and_frees_
         pids = {w["name"]: w["pid"] for w in server.health()["workers"]}
 
         # A bystander decoding on decode-0 the whole time (the router picks the least loaded decode worker).
-        bystander = _stream(server, {"prompt": "bystander", "max_tokens": BYSTANDER_TOKENS, "stream": True, "ignore_eos": True,
-                                     "return_token_ids": True})  # fmt: skip
+        bystander = _stream(
+            server,
+            {
+                "prompt": "bystander",
+                "max_tokens": BYSTANDER_TOKENS,
+                "stream": True,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+        )
         bystander_first_event = bystander.readline()
         assert bystander.status == 200 and bystander_first_event.startswith(b"data: {")
 

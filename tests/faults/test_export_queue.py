@@ -21,9 +21,15 @@ RESOURCE = Resource.create({"service.name": "faults"})
 
 def step_span() -> ReadableSpan:
     data = s.SpanData(
-        name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=s.new_trace_id(), span_id=s.new_span_id(), parent_span_id=0,
-        start_ns=1_000, end_ns=2_000, attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
-    )  # fmt: skip
+        name=s.SPAN_STEP,
+        kind=s.KIND_INTERNAL,
+        trace_id=s.new_trace_id(),
+        span_id=s.new_span_id(),
+        parent_span_id=0,
+        start_ns=1_000,
+        end_ns=2_000,
+        attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
+    )
     return to_readable_span(data, RESOURCE)
 
 
@@ -67,8 +73,12 @@ def test_a_stuck_exporter_costs_counted_drops_and_the_queue_stays_at_its_bound()
 
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_flush_and_shutdown_keep_their_limits_when_the_collector_is_dead(protocol):
-    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
-               "OTEL_BSP_MAX_QUEUE_SIZE": "4096", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64"}  # fmt: skip
+    environ = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_BSP_MAX_QUEUE_SIZE": "4096",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "64",
+    }
     drops = []
     (processor,) = span_processors(None, environ, on_drop=drops.append)
     for _ in range(5000):
@@ -108,14 +118,26 @@ def test_a_sidecar_whose_collector_is_dead_counts_what_its_export_queue_drops(tm
     from tracer.sidecar.ingest_queue import Batch
     from tracer.sidecar.server import Sidecar, SidecarConfig
 
-    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}", "OTEL_BSP_MAX_QUEUE_SIZE": "128",
-               "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32"}  # fmt: skip
+    environ = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+        "OTEL_BSP_MAX_QUEUE_SIZE": "128",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "32",
+    }
     sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, gpu=False, environ=environ)).start()
     try:
-        batch = [s.SpanData(
-            name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=s.new_trace_id(), span_id=s.new_span_id(), parent_span_id=0,
-            start_ns=1_000, end_ns=2_000, attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
-        ) for _ in range(1000)]  # fmt: skip
+        batch = [
+            s.SpanData(
+                name=s.SPAN_STEP,
+                kind=s.KIND_INTERNAL,
+                trace_id=s.new_trace_id(),
+                span_id=s.new_span_id(),
+                parent_span_id=0,
+                start_ns=1_000,
+                end_ns=2_000,
+                attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
+            )
+            for _ in range(1000)
+        ]
         assert sidecar.queue.offer(Batch((("service.name", "w0"),), batch))
 
         def dropped() -> float:

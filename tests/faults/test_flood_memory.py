@@ -33,11 +33,22 @@ FLOOD_TIMEOUT_S = 240
 
 def step_data(i: int) -> s.SpanData:
     return s.SpanData(
-        name=s.SPAN_STEP, kind=s.KIND_INTERNAL, trace_id=s.new_trace_id(), span_id=s.new_span_id(), parent_span_id=0,
-        start_ns=1_795_000_000_000_000_000 + i, end_ns=1_795_000_000_001_000_000 + i,
-        attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0", s.ATTR_TIMING_SOURCE: "host",
-                    s.ATTR_STEP_DECODE_REQUESTS: 8, s.ATTR_STEP_PREFILL_TOKENS: 0, s.ATTR_STEP_CONTEXT_TOKENS: 4096},
-    )  # fmt: skip
+        name=s.SPAN_STEP,
+        kind=s.KIND_INTERNAL,
+        trace_id=s.new_trace_id(),
+        span_id=s.new_span_id(),
+        parent_span_id=0,
+        start_ns=1_795_000_000_000_000_000 + i,
+        end_ns=1_795_000_000_001_000_000 + i,
+        attributes={
+            s.ATTR_POOL: "colocated",
+            s.ATTR_WORKER: "w0",
+            s.ATTR_TIMING_SOURCE: "host",
+            s.ATTR_STEP_DECODE_REQUESTS: 8,
+            s.ATTR_STEP_PREFILL_TOKENS: 0,
+            s.ATTR_STEP_CONTEXT_TOKENS: 4096,
+        },
+    )
 
 
 def bytes_per_span(kind: str) -> float:

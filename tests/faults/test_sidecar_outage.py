@@ -38,10 +38,18 @@ class Deployment:
         tmp_dir.mkdir()
         self.socket_path = tmp_dir / "sidecar.sock"
         self.sidecar_traces = tmp_dir / "sidecar-traces.jsonl"
-        self.sidecar = SidecarProcess(tmp_dir / "sidecar.log", "--socket", str(self.socket_path), "--no-http",
-                                      "--no-grpc", "--traces-file", str(self.sidecar_traces)).start()  # fmt: skip
-        self.server = start_server(tmp_dir / "server", {}, "--mode", "colocated", "--workers", "1",
-                                   "--sidecar-socket", str(self.socket_path))  # fmt: skip
+        self.sidecar = SidecarProcess(
+            tmp_dir / "sidecar.log",
+            "--socket",
+            str(self.socket_path),
+            "--no-http",
+            "--no-grpc",
+            "--traces-file",
+            str(self.sidecar_traces),
+        ).start()
+        self.server = start_server(
+            tmp_dir / "server", {}, "--mode", "colocated", "--workers", "1", "--sidecar-socket", str(self.socket_path)
+        )
 
     def traces_size(self) -> int:
         return self.sidecar_traces.stat().st_size if self.sidecar_traces.exists() else 0

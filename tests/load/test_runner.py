@@ -193,8 +193,16 @@ def test_max_inflight_cap_skips_and_counts_instead_of_delaying(fake_server, tmp_
 def test_a_text_seed_replays_the_same_schedule_with_text_no_prefix_cache_has_seen(fake_server) -> None:
     def run(text_seed: int | None) -> tuple[LoadResult, list[str]]:
         first = len(fake_server.received)
-        config = LoadConfig(url=fake_server.url, model="m", rate_rps=40.0, duration_s=0.3, prompt=LengthSpec(64, 0.5),
-                            output=LengthSpec(2), seed=7, text_seed=text_seed)  # fmt: skip
+        config = LoadConfig(
+            url=fake_server.url,
+            model="m",
+            rate_rps=40.0,
+            duration_s=0.3,
+            prompt=LengthSpec(64, 0.5),
+            output=LengthSpec(2),
+            seed=7,
+            text_seed=text_seed,
+        )
         result = run_load_sync(config)
         bodies = sorted(fake_server.received[first:], key=lambda r: r.unix_s)
         return result, [r.body["prompt"] for r in bodies]

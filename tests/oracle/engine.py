@@ -267,8 +267,14 @@ def _worker(
         now = end
 
 
-def _admit_decode(waiting: deque[Request], running: int, deployment: Deployment, now: float, here: int,
-                  leaving: list[tuple[int, int, Request]]) -> tuple[int, int]:  # fmt: skip
+def _admit_decode(
+    waiting: deque[Request],
+    running: int,
+    deployment: Deployment,
+    now: float,
+    here: int,
+    leaving: list[tuple[int, int, Request]],
+) -> tuple[int, int]:
     """A decode worker admits transferred KV caches up to max_running; returns (requests that joined the
     running batch, context tokens they add)."""
     admitted = admitted_context = 0
@@ -284,8 +290,9 @@ def _admit_decode(waiting: deque[Request], running: int, deployment: Deployment,
     return admitted, admitted_context
 
 
-def _plan_chunks(waiting: deque[Request], running: int, deployment: Deployment,
-                 now: float) -> tuple[list[Request], int, int]:  # fmt: skip
+def _plan_chunks(
+    waiting: deque[Request], running: int, deployment: Deployment, now: float
+) -> tuple[list[Request], int, int]:
     """Chunked prefill: the token budget left after the running decodes, spent on the queue in order.
     Returns (requests whose prompt finishes in this iteration, prefill tokens, attention tokens squared)."""
     joined: list[Request] = []
@@ -309,8 +316,9 @@ def _plan_chunks(waiting: deque[Request], running: int, deployment: Deployment,
     return joined, prefill_tokens, attention
 
 
-def _plan_whole_prompts(waiting: deque[Request], running: int, deployment: Deployment,
-                        now: float) -> tuple[list[Request], int, int]:  # fmt: skip
+def _plan_whole_prompts(
+    waiting: deque[Request], running: int, deployment: Deployment, now: float
+) -> tuple[list[Request], int, int]:
     """Whole prompts (colocated, prefill workers) up to max_prefill_tokens, at least one. Returns as
     _plan_chunks."""
     joined: list[Request] = []

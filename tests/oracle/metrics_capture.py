@@ -16,8 +16,27 @@ from tests.oracle.engine import Run
 from tests.oracle.traces import MODEL
 
 # vLLM 0.32's buckets (vllm/v1/metrics/loggers.py; as in a real capture, tests/sidecar/fixtures).
-ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                 40.0, 80.0)  # fmt: skip
+ITL_BUCKETS_S = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -26,10 +45,20 @@ def write_vllm_metrics(path: Path, run: Run) -> None:
     assert run.iterations is not None
     registry = CollectorRegistry()
     labels = ["engine", "model_name"]
-    gaps = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels,
-                     registry=registry, buckets=ITL_BUCKETS_S)  # fmt: skip
-    steps = Histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", labels,
-                      registry=registry, buckets=STEP_TOKEN_BUCKETS)  # fmt: skip
+    gaps = Histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        labels,
+        registry=registry,
+        buckets=ITL_BUCKETS_S,
+    )
+    steps = Histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        labels,
+        registry=registry,
+        buckets=STEP_TOKEN_BUCKETS,
+    )
     for request in run.requests:
         child = gaps.labels(engine=f"{request.decode_worker}", model_name=MODEL)
         for gap in request.gaps_s:

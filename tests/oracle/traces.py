@@ -231,9 +231,19 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
             f.write(line + "\n")
 
 
-def _llm_request(ids: _Ids, trace_id: str, index: int, start_s: float, end_s: float, prompt_tokens: int,
-                 completion_tokens: int, queue_s: float, prefill_s: float, ttft_s: float,
-                 decode_s: float) -> dict[str, Any]:  # fmt: skip
+def _llm_request(
+    ids: _Ids,
+    trace_id: str,
+    index: int,
+    start_s: float,
+    end_s: float,
+    prompt_tokens: int,
+    completion_tokens: int,
+    queue_s: float,
+    prefill_s: float,
+    ttft_s: float,
+    decode_s: float,
+) -> dict[str, Any]:
     """One stock vLLM `llm_request` span (vllm/tracing.py attributes; times from the instance's arrival)."""
     return _span(
         trace_id,
@@ -280,7 +290,7 @@ def vllm_request_lines(run: Run, worker: int, seed: int = 0) -> list[str]:
                 prefill_s,
                 r.ttft_s,
                 decode_s,
-            )  # fmt: skip
+            )
         )
     return list(_batched("vllm", spans))
 
@@ -315,7 +325,7 @@ def vllm_pd_lines(run: Run, seed: int = 0) -> dict[tuple[str, int], list[str]]:
                 prefill_s,
                 r.prefill_end_s - r.arrival_s,
                 0.0,
-            )  # fmt: skip
+            )
         )
         spans.setdefault((v.Pool.DECODE, r.decode_worker), []).append(
             _llm_request(
@@ -330,6 +340,6 @@ def vllm_pd_lines(run: Run, seed: int = 0) -> dict[tuple[str, int], list[str]]:
                 0.0,
                 r.first_token_s - forwarded_s,
                 r.end_s - r.first_token_s,
-            )  # fmt: skip
+            )
         )
     return {key: list(_batched("vllm", group)) for key, group in sorted(spans.items())}

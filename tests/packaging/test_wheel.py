@@ -33,9 +33,23 @@ SHIPPED_DATA = (
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(REPO_ROOT)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(out),
+            str(REPO_ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     (built,) = out.glob("splitscope-*.whl")
     return built
 
@@ -50,15 +64,34 @@ def installed(wheel, tmp_path_factory) -> Path:
     site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
     (site_packages / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--no-deps", "-q", str(wheel)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(env / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return env
 
 
 def _run(env: Path, *args: str, cwd: Path, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(env / "bin" / args[0]), *args[1:]], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout_s, stdin=subprocess.DEVNULL)  # fmt: skip
+    return subprocess.run(
+        [str(env / "bin" / args[0]), *args[1:]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_the_wheel_ships_its_data_under_the_toolkit_and_no_generic_top_level_names(wheel):
@@ -124,8 +157,20 @@ def test_the_installed_tracer_writes_traces_the_installed_report_reads(installed
     """)
     recorded = _run(installed, "python", "-c", record, cwd=tmp_path)
     assert recorded.returncode == 0, recorded.stderr
-    report = _run(installed, "splitscope", "report", str(traces), "--slo-ttft", "0.5", "--slo-itl", "0.1",
-                  "--format", "json", cwd=tmp_path, timeout_s=300)  # fmt: skip
+    report = _run(
+        installed,
+        "splitscope",
+        "report",
+        str(traces),
+        "--slo-ttft",
+        "0.5",
+        "--slo-itl",
+        "0.1",
+        "--format",
+        "json",
+        cwd=tmp_path,
+        timeout_s=300,
+    )
     assert report.returncode == 0, report.stdout[-2000:] + report.stderr[-2000:]
     result = json.loads(report.stdout)
     assert result["read"]["requests"] == 40 and result["read"]["steps"] == 40  # what the wheel's tracer wrote

@@ -27,8 +27,15 @@ from tracer.traces import Span, iter_spans
 STARTUP_TIMEOUT_S = 180.0  # workers import torch and build the model; a loaded 2-core box is slow
 
 
-def http(method: str, url: str, body: Any = None, *, raw: bytes | None = None, headers: dict[str, str] | None = None,
-         timeout_s: float = 60.0) -> tuple[int, bytes, dict[str, str]]:  # fmt: skip
+def http(
+    method: str,
+    url: str,
+    body: Any = None,
+    *,
+    raw: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+) -> tuple[int, bytes, dict[str, str]]:
     """(status, body, headers) of one request; never raises on an HTTP error status."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(
@@ -79,9 +86,20 @@ class Server:
         self.traces_file = tmp_dir / "traces.jsonl"
         self.log_file = tmp_dir / "serve.log"
         command = [
-            sys.executable, "-c", "from tracer.cli import main; main()", "serve", "--preset", "tiny",
-            "--port", "0", "--metrics-port", "0", "--traces-file", str(self.traces_file), *serve_args,
-        ]  # fmt: skip
+            sys.executable,
+            "-c",
+            "from tracer.cli import main; main()",
+            "serve",
+            "--preset",
+            "tiny",
+            "--port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--traces-file",
+            str(self.traces_file),
+            *serve_args,
+        ]
         with open(self.log_file, "wb") as log:
             self.process = subprocess.Popen(
                 command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL

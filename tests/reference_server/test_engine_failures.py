@@ -18,9 +18,16 @@ def _engine(on_fatal) -> Engine:
     args = ModelArgs.from_name("tiny")
     events = []
     engine = Engine(
-        role="colocated", model=build_model(args), kv_pool=KVCachePool(args, 64, 16, device="cpu", dtype=torch.float32), token_budget=args.max_seq_len,
-        max_batch_seqs=4, tracer=NoopTracer(), metrics=None, deliver=events.extend, on_fatal=on_fatal,
-    )  # fmt: skip
+        role="colocated",
+        model=build_model(args),
+        kv_pool=KVCachePool(args, 64, 16, device="cpu", dtype=torch.float32),
+        token_budget=args.max_seq_len,
+        max_batch_seqs=4,
+        tracer=NoopTracer(),
+        metrics=None,
+        deliver=events.extend,
+        on_fatal=on_fatal,
+    )
     engine.delivered = events
     return engine
 
@@ -59,8 +66,9 @@ def test_failures_that_are_not_in_a_row_do_not_stop_the_loop():
         return real_schedule()
 
     engine.scheduler.schedule = every_other_schedule_fails
-    engine.submit(Request("r1", (1, 2, 3), 2 * MAX_CONSECUTIVE_LOOP_FAILURES), TraceContext.new_root(),
-                  sink=lambda event: None)  # fmt: skip
+    engine.submit(
+        Request("r1", (1, 2, 3), 2 * MAX_CONSECUTIVE_LOOP_FAILURES), TraceContext.new_root(), sink=lambda event: None
+    )
     engine.start()
     try:
         wait_for(lambda: any(event[0] == EVENT_DONE for _, event in engine.delivered), 60, "the request to finish")

@@ -62,8 +62,14 @@ def test_chat_non_streaming_answers_the_templates_greedy_tokens_with_usage(clien
 
 def test_chat_streaming_with_usage_never_sends_an_empty_delta(client):
     messages = [{"role": "user", "content": "Tell me a story about a fox."}]
-    stream = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=40, stream=True,
-                                            stream_options={"include_usage": True}, extra_body=NO_EOS)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_completion_tokens=40,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body=NO_EOS,
+    )
     chunks = list(stream)
     content_chunks = [c for c in chunks if c.choices and c.choices[0].finish_reason is None]
     assert content_chunks and all(c.choices[0].delta.content for c in content_chunks)  # no empty text events
@@ -78,8 +84,13 @@ def test_chat_streaming_with_usage_never_sends_an_empty_delta(client):
 
 def test_streamed_completion_holds_incomplete_utf8_and_every_token_is_delivered(client):
     # return_token_ids (vLLM's extension) shows which tokens each event carries.
-    stream = client.completions.create(model="tiny", prompt="Grüße aus Köln", max_tokens=48, stream=True,
-                                       extra_body={**NO_EOS, "return_token_ids": True})  # fmt: skip
+    stream = client.completions.create(
+        model="tiny",
+        prompt="Grüße aus Köln",
+        max_tokens=48,
+        stream=True,
+        extra_body={**NO_EOS, "return_token_ids": True},
+    )
     chunks = list(stream)
     middle = [c for c in chunks if c.choices[0].finish_reason is None]
     assert all(c.choices[0].text for c in middle)
@@ -120,8 +131,9 @@ def test_top_p_is_applied(client):
     greedy = decode(reference_tokens(prompt, 24))
 
     def text(top_p: float, seed: int) -> str:
-        answer = client.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=1.0, top_p=top_p,
-                                           seed=seed, extra_body=NO_EOS)  # fmt: skip
+        answer = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=24, temperature=1.0, top_p=top_p, seed=seed, extra_body=NO_EOS
+        )
         return answer.choices[0].text
 
     # A nucleus holding only the most probable token is greedy decoding, whatever the seed.

@@ -23,8 +23,17 @@ from tracer import spans as s
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     # A 64-token budget splits every prompt over 64 tokens into several chunks.
-    server = Server(tmp_path_factory.mktemp("chunked"), "--mode", "chunked", "--workers", "2", "--chunk-budget", "64",
-                    "--max-batch", "8")  # fmt: skip
+    server = Server(
+        tmp_path_factory.mktemp("chunked"),
+        "--mode",
+        "chunked",
+        "--workers",
+        "2",
+        "--chunk-budget",
+        "64",
+        "--max-batch",
+        "8",
+    )
     yield server
     server.close()
 
@@ -32,10 +41,14 @@ def server(tmp_path_factory):
 def test_chunked_streams_the_tokens_of_a_direct_generate_under_batching(server):
     prompts = ["Chunked prefill keeps decodes flowing. " * 6, "short", "y" * 150, "Hello world"]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(
-            lambda p: server.complete({"prompt": p, "max_tokens": 10, "stream": True, "ignore_eos": True, "return_token_ids": True}),
-            prompts,
-        ))  # fmt: skip
+        answers = list(
+            pool.map(
+                lambda p: server.complete(
+                    {"prompt": p, "max_tokens": 10, "stream": True, "ignore_eos": True, "return_token_ids": True}
+                ),
+                prompts,
+            )
+        )
     for prompt, (status, body, _) in zip(prompts, answers):
         assert status == 200
         events = sse_events(body)
@@ -75,8 +88,11 @@ def test_sticky_routing_by_user_lands_on_the_prefix_cache(server):
     assert usages[1]["prompt_tokens_details"]["cached_tokens"] >= 160  # whole shared blocks came from the cache
 
     def prefill_spans():
-        spans = [x for x in server.spans() if x.name == s.SPAN_PREFILL
-                 and x.attributes[s.ATTR_PREFILL_TOKENS] in {len(shared + q) for q in questions}]  # fmt: skip
+        spans = [
+            x
+            for x in server.spans()
+            if x.name == s.SPAN_PREFILL and x.attributes[s.ATTR_PREFILL_TOKENS] in {len(shared + q) for q in questions}
+        ]
         return spans if len(spans) >= 2 else None
 
     spans = wait_for(prefill_spans, 15, "both prefill spans")
@@ -116,8 +132,13 @@ def test_an_unknown_model_gets_404_as_openai_and_vllm_answer(server):
 
 
 def test_a_chunked_chat_stream_with_a_stop_string(server):
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
-            "ignore_eos": True}  # fmt: skip
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 40,
+        "stream": True,
+        "ignore_eos": True,
+    }
     status, raw, _ = http("POST", server.url + "/v1/chat/completions", body)
     full = "".join(
         e["choices"][0]["delta"].get("content", "") for e in sse_events(raw) if isinstance(e, dict) and e["choices"]
@@ -147,8 +168,16 @@ def test_a_body_over_the_size_limit_gets_413(server):
 
 def test_sampling_with_a_seed_is_reproducible(server):
     def tokens(seed: int) -> list[int]:
-        status, body, _ = server.complete({"prompt": "Sample me", "max_tokens": 16, "temperature": 1.0, "seed": seed,
-                                           "ignore_eos": True, "return_token_ids": True})  # fmt: skip
+        status, body, _ = server.complete(
+            {
+                "prompt": "Sample me",
+                "max_tokens": 16,
+                "temperature": 1.0,
+                "seed": seed,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+        )
         assert status == 200
         return json.loads(body)["choices"][0]["token_ids"]
 

@@ -120,10 +120,14 @@ def test_disaggregated_tokens_equal_a_direct_generate(server):
     arrived intact. Requests run concurrently, so the decode worker batches them."""
     prompts = ["Hello world", "Disaggregated serving moves the KV cache. " * 3, "x" * 200]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        answers = list(pool.map(
-            lambda p: server.complete({"prompt": p, "max_tokens": 12, "stream": True, "ignore_eos": True, "return_token_ids": True}),
-            prompts,
-        ))  # fmt: skip
+        answers = list(
+            pool.map(
+                lambda p: server.complete(
+                    {"prompt": p, "max_tokens": 12, "stream": True, "ignore_eos": True, "return_token_ids": True}
+                ),
+                prompts,
+            )
+        )
     for prompt, (status, body, _) in zip(prompts, answers):
         assert status == 200
         assert streamed_token_ids(sse_events(body)) == reference_tokens(prompt, 12), prompt
@@ -134,14 +138,17 @@ def test_merged_metrics_hold_router_prefill_and_decode_series(server):
     assert status == 200
 
     def scrape():
-        code, body, headers = http("GET", f"http://127.0.0.1:{server.metrics_port}/metrics",
-                                   headers={"Accept": "application/openmetrics-text"})  # fmt: skip
+        code, body, headers = http(
+            "GET", f"http://127.0.0.1:{server.metrics_port}/metrics", headers={"Accept": "application/openmetrics-text"}
+        )
         text = body.decode()
         # Each worker's series carry its `worker` label (nothing summed across processes).
-        wanted = ('splitscope_stage_duration_seconds_count{pool="prefill",stage="prefill",worker="prefill-0"}',
-                  'splitscope_inter_token_latency_seconds_count{pool="decode",worker="decode-0"}',
-                  'splitscope_kv_transfer_bytes_total{dst_pool="decode",src_pool="prefill",worker="prefill-0"}',
-                  'gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="tiny",mode="disaggregated"}')  # fmt: skip
+        wanted = (
+            'splitscope_stage_duration_seconds_count{pool="prefill",stage="prefill",worker="prefill-0"}',
+            'splitscope_inter_token_latency_seconds_count{pool="decode",worker="decode-0"}',
+            'splitscope_kv_transfer_bytes_total{dst_pool="decode",src_pool="prefill",worker="prefill-0"}',
+            'gen_ai_server_time_to_first_token_seconds_count{gen_ai_request_model="tiny",mode="disaggregated"}',
+        )
         return (text, headers) if code == 200 and all(w in text for w in wanted) else None
 
     text, headers = wait_for(scrape, 15, "worker and router series in the merged /metrics")

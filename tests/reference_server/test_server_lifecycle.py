@@ -85,8 +85,10 @@ def test_a_refused_kv_transfer_is_a_retryable_503_and_frees_blocks_on_both_sides
     # room; --kv-wait-s 0 refuses at once instead of waiting for room.
     server = Server(tmp_path, "--mode", "disaggregated", "--kv-blocks", "48", "--kv-wait-s", "0")
     try:
-        hog = _open_stream(server, {"prompt": "a" * 300, "max_tokens": 400, "stream": True, "ignore_eos": True,
-                                    "return_token_ids": True})  # fmt: skip
+        hog = _open_stream(
+            server,
+            {"prompt": "a" * 300, "max_tokens": 400, "stream": True, "ignore_eos": True, "return_token_ids": True},
+        )
         first_event = hog.readline()
         assert hog.status == 200 and first_event.startswith(b"data: {")  # decoding, holding 44 of 48 blocks
 

@@ -69,11 +69,13 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
         def all_released(aborts: int):
             samples = _samples(server)
             held = {
-                pool: (_worker_value(samples, "splitscope_requests_running", pool),
-                       _worker_value(samples, "splitscope_requests_waiting", pool),
-                       _worker_value(samples, "splitscope_kv_cache_usage_ratio", pool))
+                pool: (
+                    _worker_value(samples, "splitscope_requests_running", pool),
+                    _worker_value(samples, "splitscope_requests_waiting", pool),
+                    _worker_value(samples, "splitscope_kv_cache_usage_ratio", pool),
+                )
                 for pool in ("prefill", "decode")
-            }  # fmt: skip
+            }
             done = _aborted(samples) == aborts and all(v == (0, 0, 0) for v in held.values())
             return done or None
 
@@ -89,10 +91,19 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
         early = []
         for i in range(EARLY_LEAVERS):
             sock = socket.create_connection(("127.0.0.1", server.port))
-            body = json.dumps({"model": "tiny", "prompt": f"{i:02d} long prompt " * 40, "max_tokens": 200,
-                               "stream": True, "ignore_eos": True}).encode()  # fmt: skip
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+            body = json.dumps(
+                {
+                    "model": "tiny",
+                    "prompt": f"{i:02d} long prompt " * 40,
+                    "max_tokens": 200,
+                    "stream": True,
+                    "ignore_eos": True,
+                }
+            ).encode()
+            sock.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
             early.append(sock)
         wait_for(lambda: server.health()["inflight"] == EARLY_LEAVERS, 20, "every early request inside the router")
         for sock in early:
@@ -101,8 +112,9 @@ def test_clients_that_disconnect_mid_stream_are_aborted_everywhere_and_counted(t
         wait_for(lambda: all_released(total), 20, f"{total} aborts counted and nothing left on any worker")
 
         # A new request is served at once: no 503 while the workers shed the aborted ones.
-        status, body, _ = server.complete({"prompt": "after the storm", "max_tokens": 8, "stream": True,
-                                           "ignore_eos": True, "return_token_ids": True})  # fmt: skip
+        status, body, _ = server.complete(
+            {"prompt": "after the storm", "max_tokens": 8, "stream": True, "ignore_eos": True, "return_token_ids": True}
+        )
         assert status == 200 and len(streamed_token_ids(sse_events(body))) == 8
         samples = _samples(server)
         assert _aborted(samples) == total  # a finished request is not an abort
@@ -122,8 +134,13 @@ def test_kv_exhaustion_answers_503_with_retry_after_never_500(tmp_path):
     try:
 
         def one(i: int) -> tuple[int, dict, dict]:
-            body = {"prompt": f"burst {i:03d} " * 20, "max_tokens": 60, "ignore_eos": True, "stream": i % 2 == 0,
-                    "return_token_ids": True}  # fmt: skip
+            body = {
+                "prompt": f"burst {i:03d} " * 20,
+                "max_tokens": 60,
+                "ignore_eos": True,
+                "stream": i % 2 == 0,
+                "return_token_ids": True,
+            }
             status, raw, headers = server.complete(body, timeout_s=120)
             if status == 200 and body["stream"]:
                 events = sse_events(raw)
@@ -165,8 +182,9 @@ def test_requests_beyond_kv_capacity_wait_for_room_within_the_bound_and_complete
 
         def one(i: int) -> tuple[int, bytes]:
             # A one-block prompt always finds room to arrive; growing to 17 blocks for 250 tokens does not.
-            status, raw, _ = server.complete({"prompt": f"patient {i:02d} ", "max_tokens": 250, "ignore_eos": True},
-                                             timeout_s=120)  # fmt: skip
+            status, raw, _ = server.complete(
+                {"prompt": f"patient {i:02d} ", "max_tokens": 250, "ignore_eos": True}, timeout_s=120
+            )
             return status, raw
 
         with ThreadPoolExecutor(8) as pool:

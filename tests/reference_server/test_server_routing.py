@@ -42,10 +42,18 @@ LIMITS = Limits("tiny", max_context_tokens=1024, max_tokens=1023)
 
 def test_parse_completion_reads_the_openai_fields():
     params = parse_completion(
-        {"model": "tiny", "prompt": "héllo", "max_tokens": 7, "temperature": 0.5, "stream": True,
-         "stream_options": {"include_usage": True}, "user": "u", "seed": 3},
+        {
+            "model": "tiny",
+            "prompt": "héllo",
+            "max_tokens": 7,
+            "temperature": 0.5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "user": "u",
+            "seed": 3,
+        },
         LIMITS,
-    )  # fmt: skip
+    )
     assert params.prompt_token_ids == tuple("héllo".encode())
     assert (params.max_tokens, params.temperature, params.stream, params.include_usage) == (7, 0.5, True, True)
     assert params.user == "u" and params.seed == 3 and not params.ignore_eos
@@ -85,8 +93,19 @@ def test_parse_completion_names_the_bad_field(body, param):
 
 
 def test_neutral_values_of_unimplemented_fields_are_accepted():
-    params = parse_completion({"model": "tiny", "prompt": "x", "presence_penalty": 0, "frequency_penalty": 0.0,
-                               "logit_bias": {}, "best_of": 1, "echo": False, "top_k": -1}, LIMITS)  # fmt: skip
+    params = parse_completion(
+        {
+            "model": "tiny",
+            "prompt": "x",
+            "presence_penalty": 0,
+            "frequency_penalty": 0.0,
+            "logit_bias": {},
+            "best_of": 1,
+            "echo": False,
+            "top_k": -1,
+        },
+        LIMITS,
+    )
     assert params.top_p == 1.0 and params.stop == ()
 
 
@@ -110,8 +129,16 @@ def test_parse_chat_renders_the_template_and_reads_max_completion_tokens():
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
     ]
-    params = parse_chat({"model": "tiny", "messages": messages, "max_completion_tokens": 9, "stream": True,
-                         "stream_options": {"include_usage": True}}, LIMITS)  # fmt: skip
+    params = parse_chat(
+        {
+            "model": "tiny",
+            "messages": messages,
+            "max_completion_tokens": 9,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        LIMITS,
+    )
     assert bytes(params.prompt_token_ids).decode() == "<|system|>\nBe brief.\n<|user|>\nHi there\n<|assistant|>\n"
     assert params.max_tokens == 9 and params.stream and params.include_usage and params.operation == OPERATION_CHAT
 

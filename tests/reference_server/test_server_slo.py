@@ -32,8 +32,10 @@ def _root(server: Server, trace_id: str):
 def test_the_router_marks_a_request_that_missed_an_objective_and_one_that_met_both(server, stream):
     missing, meeting = secrets.token_hex(16), secrets.token_hex(16)
     for trace_id, max_tokens in ((missing, 6), (meeting, 1)):
-        status, _, _ = server.complete({"prompt": "hello there", "max_tokens": max_tokens, "stream": stream, "ignore_eos": True},
-                                       headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"})  # fmt: skip
+        status, _, _ = server.complete(
+            {"prompt": "hello there", "max_tokens": max_tokens, "stream": stream, "ignore_eos": True},
+            headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"},
+        )
         assert status == 200
     late = _root(server, missing).attributes
     # The outcome agrees with the span's own measurements, read against the flags.

@@ -109,8 +109,23 @@ def test_a_bad_metrics_file_is_one_clear_error(tmp_path, content, says):
 def test_the_report_command_takes_a_real_capture_and_says_what_it_took(scenario_traces, tmp_path):
     sc, traces, _ = scenario_traces("wrong-split")
     out = tmp_path / "report.json"
-    args = [str(traces), "--slo-ttft", str(sc.slo_ttft_s), "--slo-itl", str(sc.slo_itl_s), "--sim-requests", "100",
-            "--confidence-resamples", "0", "--metrics-file", str(VLLM_CAPTURE), "--format", "json", "-o", str(out)]  # fmt: skip
+    args = [
+        str(traces),
+        "--slo-ttft",
+        str(sc.slo_ttft_s),
+        "--slo-itl",
+        str(sc.slo_itl_s),
+        "--sim-requests",
+        "100",
+        "--confidence-resamples",
+        "0",
+        "--metrics-file",
+        str(VLLM_CAPTURE),
+        "--format",
+        "json",
+        "-o",
+        str(out),
+    ]
     result = CliRunner().invoke(report_command, args)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())

@@ -185,10 +185,18 @@ def _exported_spans(n_requests: int):
         end = int(tokens[-1])
         worker.tracer.decode(ctx, start + 50 * MS, end, tokens, None, {s.ATTR_OUTPUT_TOKENS: output})
         router.tracer.request(
-            client, root_id, start - MS, end + MS, start + 51 * MS, model="tiny", mode="colocated",
-            request_id=f"req-{i}", input_tokens=prompt, output_tokens=output,
+            client,
+            root_id,
+            start - MS,
+            end + MS,
+            start + 51 * MS,
+            model="tiny",
+            mode="colocated",
+            request_id=f"req-{i}",
+            input_tokens=prompt,
+            output_tokens=output,
             token_gap_s=array("d", [0.01] * (output - 1)),
-        )  # fmt: skip
+        )
     router.shutdown(5.0)
     worker.shutdown(5.0)
     return [span for exporter in exporters for span in exporter.get_finished_spans()]
@@ -276,10 +284,21 @@ def test_the_cli_says_what_is_wrong_with_a_bad_file_in_one_line(tmp_path):
     path = tmp_path / "traces.jsonl"
     path.write_bytes(b"\x00\x00\x01\x00" + b"\x0a\x03abc")
     done = subprocess.run(
-        [sys.executable, "-c", "from tracer.cli import main; main()", "report", str(path), "--slo-ttft", "1",
-         "--slo-itl", "0.1"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from tracer.cli import main; main()",
+            "report",
+            str(path),
+            "--slo-ttft",
+            "1",
+            "--slo-itl",
+            "0.1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
     (line,) = done.stderr.strip().splitlines()
     assert f"{path}:1:" in line and "not a trace file" in line and "declares 256 bytes but 5 follow" in line

@@ -70,9 +70,14 @@ def test_weights_make_the_mean_batch_of_sampled_steps_the_mean_over_all(sampled)
 
 @pytest.mark.parametrize(
     "name, verdict",
-    [("chatty", Verdict.STAY_COLOCATED), ("long-prompts", Verdict.ENABLE_CHUNKED_PREFILL), ("strict-itl", Verdict.SPLIT),
-     ("wrong-split", Verdict.REBALANCE), ("slow-link", Verdict.MERGE)],
-)  # fmt: skip
+    [
+        ("chatty", Verdict.STAY_COLOCATED),
+        ("long-prompts", Verdict.ENABLE_CHUNKED_PREFILL),
+        ("strict-itl", Verdict.SPLIT),
+        ("wrong-split", Verdict.REBALANCE),
+        ("slow-link", Verdict.MERGE),
+    ],
+)
 def test_verdicts_do_not_change_when_step_spans_are_sampled(sampled, name, verdict):
     sc, full_path, sampled_path = sampled(name)
     full = build_report([full_path], quick_options(sc, margin=0.15))

@@ -74,12 +74,19 @@ def test_simulated_ttft_and_worst_gap_match_a_measured_reference_server_run(tmp_
     ]
     with ServerProcess(args) as server:
         period_s = PERIOD_OVER_DECODE_ALONE * _decode_alone_s(server.url)
-        result = run_load_sync(LoadConfig(
-            url=server.url, model="small", rate_rps=SHORT_REQUESTS_PER_PERIOD / period_s, duration_s=PERIODS * period_s,
-            prompt=LengthSpec(64), output=LengthSpec(OUTPUT_TOKENS),
-            burst=BurstSpec(every_s=period_s, count=1, prompt_tokens=BURST_PROMPT_TOKENS),
-            slo=ClientSLO(ttft_s=2.0, itl_s=0.2), seed=5,
-        ))  # fmt: skip
+        result = run_load_sync(
+            LoadConfig(
+                url=server.url,
+                model="small",
+                rate_rps=SHORT_REQUESTS_PER_PERIOD / period_s,
+                duration_s=PERIODS * period_s,
+                prompt=LengthSpec(64),
+                output=LengthSpec(OUTPUT_TOKENS),
+                burst=BurstSpec(every_s=period_s, count=1, prompt_tokens=BURST_PROMPT_TOKENS),
+                slo=ClientSLO(ttft_s=2.0, itl_s=0.2),
+                seed=5,
+            )
+        )
     assert result.summary.errors == 0
 
     data = load_traces([traces])
@@ -92,9 +99,11 @@ def test_simulated_ttft_and_worst_gap_match_a_measured_reference_server_run(tmp_
     check = report.model_check
     predicted_ttft, measured_ttft = check["predicted_ttft_p50_s"], check["measured_ttft_p50_s"]
     predicted_itl, measured_itl = check["predicted_itl_p50_s"], check["measured_itl_p50_s"]
-    detail = (f"burst period {period_s:.2f} s, biggest batch {biggest_batch}; "
-              f"TTFT p50 predicted {predicted_ttft * 1e3:.1f} ms vs measured {measured_ttft * 1e3:.1f} ms; "
-              f"worst gap (median request) predicted {predicted_itl * 1e3:.1f} ms vs measured {measured_itl * 1e3:.1f} ms")  # fmt: skip
+    detail = (
+        f"burst period {period_s:.2f} s, biggest batch {biggest_batch}; "
+        f"TTFT p50 predicted {predicted_ttft * 1e3:.1f} ms vs measured {measured_ttft * 1e3:.1f} ms; "
+        f"worst gap (median request) predicted {predicted_itl * 1e3:.1f} ms vs measured {measured_itl * 1e3:.1f} ms"
+    )
     assert np.isfinite(predicted_ttft) and np.isfinite(predicted_itl), detail
     assert abs(predicted_ttft - measured_ttft) <= TTFT_REL_ERROR * measured_ttft, detail
     assert abs(predicted_itl - measured_itl) <= ITL_REL_ERROR * measured_itl, detail

@@ -42,13 +42,33 @@ class SidecarProcess:
         self.traces_file = tmp_dir / "sidecar-traces.jsonl"
         self.log_file = tmp_dir / "sidecar.log"
         command = [
-            sys.executable, "-m", "tracer.cli", "sidecar", "--http-port", "0", "--grpc-port", "0",
-            "--metrics-port", "0", "--socket", str(self.socket_path), "--traces-file", str(self.traces_file),
-            "--no-gpu", "--max-body-bytes", str(SIDECAR_MAX_BODY_BYTES),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "tracer.cli",
+            "sidecar",
+            "--http-port",
+            "0",
+            "--grpc-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--socket",
+            str(self.socket_path),
+            "--traces-file",
+            str(self.traces_file),
+            "--no-gpu",
+            "--max-body-bytes",
+            str(SIDECAR_MAX_BODY_BYTES),
+        ]
         with open(self.log_file, "wb") as log:
-            self.process = subprocess.Popen(command, cwd=REPO_ROOT, env=clean_environment(), stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)  # fmt: skip
+            self.process = subprocess.Popen(
+                command,
+                cwd=REPO_ROOT,
+                env=clean_environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         found = wait_for(self._listening_or_dead, STARTUP_TIMEOUT_S, "the sidecar's 'listening' line")
         if not isinstance(found, re.Match):
             raise AssertionError(f"sidecar exited with {self.process.returncode}:\n{self.log()}")

@@ -64,8 +64,15 @@ def test_router_follows_host_but_workers_stay_on_loopback() -> None:
 
 def _run_until_exit_or_ready(command: list[str], env: dict[str, str]) -> tuple[int | None, str]:
     """(exit status, output) of a process expected to refuse to start; (None, output) if it came up instead."""
-    process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               stdin=subprocess.DEVNULL, text=True)  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
     assert process.stdout is not None
     lines = []
     try:
@@ -83,8 +90,19 @@ def _run_until_exit_or_ready(command: list[str], env: dict[str, str]) -> tuple[i
 @pytest.mark.timeout(EXIT_TIMEOUT_S * 2)
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_worker_beyond_loopback_without_token_refuses_to_start(role: str) -> None:
-    command = [sys.executable, "-m", "reference_server.worker", "--role", role, "--name", f"{role}-0",
-               "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "reference_server.worker",
+        "--role",
+        role,
+        "--name",
+        f"{role}-0",
+        "--preset",
+        "tiny",
+        "--host",
+        "0.0.0.0",
+    ]
     status, output = _run_until_exit_or_ready(command, clean_environment())
     assert status is not None, f"a {role} worker served on 0.0.0.0 without a token:\n{output}"
     assert status != 0 and TOKEN_ENV_VAR in output and "0.0.0.0" in output, output
@@ -92,8 +110,19 @@ def test_worker_beyond_loopback_without_token_refuses_to_start(role: str) -> Non
 
 
 def test_sidecar_beyond_loopback_without_token_refuses_to_start() -> None:
-    command = [sys.executable, "-m", "tracer.cli", "sidecar", "--host", "0.0.0.0", "--http-port", "0",
-               "--grpc-port", "0", "--no-gpu"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "tracer.cli",
+        "sidecar",
+        "--host",
+        "0.0.0.0",
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--no-gpu",
+    ]
     status, output = _run_until_exit_or_ready(command, clean_environment())
     assert status is not None, f"the sidecar served on 0.0.0.0 without a token:\n{output}"
     assert status != 0 and TOKEN_ENV in output, output
@@ -104,8 +133,19 @@ def test_sidecar_beyond_loopback_without_token_refuses_to_start() -> None:
 def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -> None:
     """A decode worker on 0.0.0.0: its internal API answers 401 and its KV receiver 'unauthorized' to a
     peer without the token, and serves one that has it."""
-    command = [sys.executable, "-m", "reference_server.worker", "--role", "decode", "--name", "decode-0",
-               "--preset", "tiny", "--host", "0.0.0.0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "reference_server.worker",
+        "--role",
+        "decode",
+        "--name",
+        "decode-0",
+        "--preset",
+        "tiny",
+        "--host",
+        "0.0.0.0",
+    ]
     env = clean_environment(**{TOKEN_ENV_VAR: "s3cret"})
     with (
         open(tmp_path / "worker.log", "w+") as log,
@@ -140,8 +180,17 @@ def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) ->
 
 
 def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -> None:
-    sidecar = Sidecar(SidecarConfig(host="0.0.0.0", http_port=0, grpc_port=0, unix_socket=str(tmp_path / "s.sock"),
-                                    traces_file=str(tmp_path / "t.jsonl"), gpu=False, environ={TOKEN_ENV: "s3cret"}))  # fmt: skip
+    sidecar = Sidecar(
+        SidecarConfig(
+            host="0.0.0.0",
+            http_port=0,
+            grpc_port=0,
+            unix_socket=str(tmp_path / "s.sock"),
+            traces_file=str(tmp_path / "t.jsonl"),
+            gpu=False,
+            environ={TOKEN_ENV: "s3cret"},
+        )
+    )
     sidecar.start()
     try:
         hosts = {
@@ -153,8 +202,9 @@ def test_sidecar_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) -
         url = f"http://127.0.0.1:{sidecar.http_port}/v1/traces"
         empty = trace_service_pb2.ExportTraceServiceRequest()
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
-            request = urllib.request.Request(url, data=empty.SerializeToString(),
-                                             headers={"Content-Type": "application/x-protobuf", **headers})  # fmt: skip
+            request = urllib.request.Request(
+                url, data=empty.SerializeToString(), headers={"Content-Type": "application/x-protobuf", **headers}
+            )
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(request, timeout=10)
             assert refused.value.code == 401

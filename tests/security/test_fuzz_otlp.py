@@ -76,8 +76,17 @@ def mutated(draw: st.DrawFn, base: st.SearchStrategy[bytes]) -> bytes:
 
 protobuf_bodies = mutated(export_requests()) | st.binary(max_size=512)
 json_bodies = (otlp_like | json_values).map(lambda v: json.dumps(v).encode()) | st.binary(max_size=256)
-content_types = st.sampled_from(["application/x-protobuf", "application/json", "text/plain", "", "application/grpc",
-                                 "application/x-protobuf; charset=utf-8", "application/json; charset=utf-8"])  # fmt: skip
+content_types = st.sampled_from(
+    [
+        "application/x-protobuf",
+        "application/json",
+        "text/plain",
+        "",
+        "application/grpc",
+        "application/x-protobuf; charset=utf-8",
+        "application/json; charset=utf-8",
+    ]
+)
 encodings = st.sampled_from([None, "gzip", "deflate", "identity"])
 
 
@@ -100,8 +109,9 @@ def _wait_exported(sidecar: SidecarProcess, name: str) -> None:
 
 
 def _still_ingests(sidecar: SidecarProcess, name: str) -> None:
-    status, _, _ = http("POST", sidecar.url + "/v1/traces", raw=_valid_request(name),
-                        headers={"Content-Type": "application/x-protobuf"})  # fmt: skip
+    status, _, _ = http(
+        "POST", sidecar.url + "/v1/traces", raw=_valid_request(name), headers={"Content-Type": "application/x-protobuf"}
+    )
     assert status == 200
     _wait_exported(sidecar, name)
 

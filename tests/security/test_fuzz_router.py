@@ -13,8 +13,23 @@ from tests.reference_server.server_harness import Server, http
 from tests.tracer.test_traces_fuzz import json_values
 
 FUZZ_CASES = 150
-FIELDS = ["model", "prompt", "max_tokens", "temperature", "stream", "stream_options", "user", "seed", "n", "echo",
-          "logprobs", "stop", "ignore_eos", "min_tokens", "return_token_ids"]  # fmt: skip
+FIELDS = [
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "stream",
+    "stream_options",
+    "user",
+    "seed",
+    "n",
+    "echo",
+    "logprobs",
+    "stop",
+    "ignore_eos",
+    "min_tokens",
+    "return_token_ids",
+]
 plausible = {
     "model": st.just("tiny") | json_values,
     "prompt": st.text(max_size=8) | st.lists(st.integers(-5, 300), max_size=4) | json_values,

@@ -28,8 +28,12 @@ from tests.security.processes import ServedWorker, SidecarProcess
 from tracer.sidecar import wire
 
 READ_TIMEOUT_S = 15.0
-PICKLE_CONTENT_TYPES = ("application/python-pickle", "application/octet-stream", "application/json",
-                        "application/x-protobuf")  # fmt: skip
+PICKLE_CONTENT_TYPES = (
+    "application/python-pickle",
+    "application/octet-stream",
+    "application/json",
+    "application/x-protobuf",
+)
 UNPICKLING_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "joblib", "shelve", "marshal", "copyreg"}
 UNPICKLING_CALLS = {("torch", "load"), ("np", "load"), ("numpy", "load"), ("torch", "serialization")}
 
@@ -100,16 +104,25 @@ def test_raw_pickle_on_every_tcp_listener_is_refused(server: Server, sidecar: Si
     assert server.health()["status"] == "ok" and sidecar.healthy()
 
 
-def test_pickle_bodies_on_every_http_route_are_refused(server: Server, workers: dict[str, ServedWorker],
-                                                       sidecar: SidecarProcess, marker: Path) -> None:  # fmt: skip
+def test_pickle_bodies_on_every_http_route_are_refused(
+    server: Server, workers: dict[str, ServedWorker], sidecar: SidecarProcess, marker: Path
+) -> None:
     prefill, decode = workers["prefill"].url, workers["decode"].url
     routes = [
-        server.url + "/v1/completions", server.url + "/health", server.url + "/metrics",
+        server.url + "/v1/completions",
+        server.url + "/health",
+        server.url + "/metrics",
         f"http://127.0.0.1:{server.metrics_port}/metrics",
-        prefill + "/prefill", prefill + "/health", prefill + "/metrics",
-        decode + "/generate", decode + "/health", decode + "/metrics",
-        sidecar.url + "/v1/traces", sidecar.url + "/metrics", f"http://127.0.0.1:{sidecar.metrics_port}/metrics",
-    ]  # fmt: skip
+        prefill + "/prefill",
+        prefill + "/health",
+        prefill + "/metrics",
+        decode + "/generate",
+        decode + "/health",
+        decode + "/metrics",
+        sidecar.url + "/v1/traces",
+        sidecar.url + "/metrics",
+        f"http://127.0.0.1:{sidecar.metrics_port}/metrics",
+    ]
     statuses = {}
     for url in routes:
         for content_type in PICKLE_CONTENT_TYPES:

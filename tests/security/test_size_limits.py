@@ -29,8 +29,15 @@ from tracer.sidecar import wire
 TIMEOUT_S = 30.0
 
 
-def _post_streamed(port: int, path: str, body_bytes: int, *, declared_bytes: int | None = None,
-                   chunked: bool = False, headers: dict[str, str] | None = None) -> tuple[int, bytes]:  # fmt: skip
+def _post_streamed(
+    port: int,
+    path: str,
+    body_bytes: int,
+    *,
+    declared_bytes: int | None = None,
+    chunked: bool = False,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, bytes]:
     """POST `body_bytes` of filler, declaring `declared_bytes` (default: the real size) or chunked.
     The server may answer and close before it has read it all: that is a refusal, not a client error."""
     connection = HTTPConnection("127.0.0.1", port, timeout=TIMEOUT_S)
@@ -102,8 +109,9 @@ def test_sidecar_refuses_oversized_otlp_bodies(sidecar: SidecarProcess) -> None:
     plain = _post_streamed(sidecar.http_port, "/v1/traces", SIDECAR_MAX_BODY_BYTES + 1, headers=protobuf)
     assert plain[0] == 413, plain
     bomb = gzip.compress(b"\0" * (SIDECAR_MAX_BODY_BYTES * 64))  # small on the wire, 64x the limit inflated
-    status, body, _ = http("POST", sidecar.url + "/v1/traces", raw=bomb,
-                           headers={**protobuf, "Content-Encoding": "gzip"})  # fmt: skip
+    status, body, _ = http(
+        "POST", sidecar.url + "/v1/traces", raw=bomb, headers={**protobuf, "Content-Encoding": "gzip"}
+    )
     assert status == 413 and b"decompressed body exceeds" in body, (status, body)
     assert sidecar.healthy()
 

@@ -30,8 +30,16 @@ def _post(port: int, body: bytes, content_type: str = "application/x-protobuf", 
 
 
 def _request(n_spans: int = 1, trace_id: bytes = b"\x01" * 16, start: int = 10, end: int = 20) -> bytes:
-    spans = [trace_pb2.Span(trace_id=trace_id, span_id=(i + 1).to_bytes(8, "big"), name=f"s{i}",
-                            start_time_unix_nano=start, end_time_unix_nano=end) for i in range(n_spans)]  # fmt: skip
+    spans = [
+        trace_pb2.Span(
+            trace_id=trace_id,
+            span_id=(i + 1).to_bytes(8, "big"),
+            name=f"s{i}",
+            start_time_unix_nano=start,
+            end_time_unix_nano=end,
+        )
+        for i in range(n_spans)
+    ]
     request = trace_service_pb2.ExportTraceServiceRequest(
         resource_spans=[trace_pb2.ResourceSpans(scope_spans=[trace_pb2.ScopeSpans(spans=spans)])]
     )
@@ -43,8 +51,13 @@ def _request(n_spans: int = 1, trace_id: bytes = b"\x01" * 16, start: int = 10, 
     [
         (b"\xff\xff\xff not protobuf", "application/x-protobuf", None, 400, "not an OTLP ExportTraceServiceRequest"),
         (b"{not json", "application/json", None, 400, "not an OTLP/JSON"),
-        (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "00"}]}]}]}).encode(),
-         "application/json", None, 400, "Invalid hex"),
+        (
+            json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "00"}]}]}]}).encode(),
+            "application/json",
+            None,
+            400,
+            "Invalid hex",
+        ),
         (_request(trace_id=b"\x00" * 16), "application/x-protobuf", None, 400, "traceId must be 16 bytes"),
         (_request(start=20, end=10), "application/x-protobuf", None, 400, "ends before it starts"),
         (b"x" * (LIMIT + 1), "application/x-protobuf", None, 413, "Maximum request body size"),
@@ -52,9 +65,18 @@ def _request(n_spans: int = 1, trace_id: bytes = b"\x01" * 16, start: int = 10, 
         (b"not gzip at all", "application/x-protobuf", "gzip", 400, "not valid gzip"),
         (_request(), "text/plain", None, 415, "unsupported content type"),
     ],
-    ids=["garbage-protobuf", "garbage-json", "json-bad-hex", "zero-trace-id", "end-before-start", "oversized",
-         "gzip-bomb", "bad-gzip", "content-type"],
-)  # fmt: skip
+    ids=[
+        "garbage-protobuf",
+        "garbage-json",
+        "json-bad-hex",
+        "zero-trace-id",
+        "end-before-start",
+        "oversized",
+        "gzip-bomb",
+        "bad-gzip",
+        "content-type",
+    ],
+)
 def test_http_rejects_with_a_reason_and_keeps_serving(
     make_sidecar, tmp_path, body, content_type, encoding, status, reason
 ):

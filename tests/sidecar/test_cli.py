@@ -46,10 +46,28 @@ def test_runs_as_a_process_serves_metrics_ingests_and_stops_on_sigterm(tmp_path)
     sock, traces = tmp_path / "s.sock", tmp_path / "t.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     process = subprocess.Popen(
-        [sys.executable, "-c", "from tracer.cli import main; main()", "sidecar", "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-         "--metrics-port", str(metrics_port), "--socket", str(sock), "--traces-file", str(traces), "--no-gpu"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "from tracer.cli import main; main()",
+            "sidecar",
+            "--http-port",
+            str(http_port),
+            "--grpc-port",
+            str(grpc_port),
+            "--metrics-port",
+            str(metrics_port),
+            "--socket",
+            str(sock),
+            "--traces-file",
+            str(traces),
+            "--no-gpu",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         wait_for(lambda: _health(http_port) or process.poll() is not None, 30, "the sidecar to answer /health")
         assert process.poll() is None, process.stderr.read()

@@ -151,13 +151,17 @@ def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):
         sink.shutdown(1.0)
 
 
-@pytest.mark.parametrize("bad", [
-    [["x", 1, -1, 1, 1, 0, 0, 1, {}, [], "", {}, True]],
-    [["x", 1, 0, 0, 1, 0, 0, 1, {}, [], "", {}, True]],
-    [["x", 1, 0, 1, 1, 0, 5, 1, {}, [], "", {}, True]],
-    [["x", 1, 0, 1, 1, 0, 0, 1, {}, [], "", {"itl_gaps_s": ["nan?"]}, True]],
-    {"not": "a list"},
-], ids=["negative-id", "zero-trace-id", "ends-before-start", "samples-not-numbers", "not-a-list"])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [["x", 1, -1, 1, 1, 0, 0, 1, {}, [], "", {}, True]],
+        [["x", 1, 0, 0, 1, 0, 0, 1, {}, [], "", {}, True]],
+        [["x", 1, 0, 1, 1, 0, 5, 1, {}, [], "", {}, True]],
+        [["x", 1, 0, 1, 1, 0, 0, 1, {}, [], "", {"itl_gaps_s": ["nan?"]}, True]],
+        {"not": "a list"},
+    ],
+    ids=["negative-id", "zero-trace-id", "ends-before-start", "samples-not-numbers", "not-a-list"],
+)
 def test_decode_payload_rejects_malformed_records(bad):
     import msgspec
 
@@ -166,9 +170,20 @@ def test_decode_payload_rejects_malformed_records(bad):
 
 
 def test_wire_round_trip_keeps_every_field():
-    span = s.SpanData("splitscope.decode", 1, (1 << 127) + 5, (1 << 63) + 1, 9, 100, 200, {"a": [1, 2], "b": 0.5, "c": None},
-                      events=[("splitscope.decode.stall", 150, {"gap_s": 0.07})], error_type="oom",
-                      samples={"itl_gaps_s": [0.01, 0.02]}, sampled=False)  # fmt: skip
+    span = s.SpanData(
+        "splitscope.decode",
+        1,
+        (1 << 127) + 5,
+        (1 << 63) + 1,
+        9,
+        100,
+        200,
+        {"a": [1, 2], "b": 0.5, "c": None},
+        events=[("splitscope.decode.stall", 150, {"gap_s": 0.07})],
+        error_type="oom",
+        samples={"itl_gaps_s": [0.01, 0.02]},
+        sampled=False,
+    )
     (back,) = wire.decode_payload(wire.encode_frame([span])[4:])
     assert back == span
 

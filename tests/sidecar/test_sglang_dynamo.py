@@ -24,10 +24,21 @@ from tracer.sidecar.scrape import map_families
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000
 # (slice name, start ms, end ms) of a prefill node, then of a decode node, in SGLang's order.
-PREFILL_SLICES = [("tokenize", 0, 1), ("prefill_bootstrap", 1, 9), ("prefill_waiting", 9, 12),
-                  ("prefill_forward", 12, 52), ("prefill_transfer_kv_cache", 52, 70)]  # fmt: skip
-DECODE_SLICES = [("decode_prepare", 2, 3), ("decode_bootstrap", 3, 10), ("decode_transferred", 52, 71),
-                 ("decode_waiting", 71, 73), ("decode_forward", 73, 400), ("decode_loop", 73, 400)]  # fmt: skip
+PREFILL_SLICES = [
+    ("tokenize", 0, 1),
+    ("prefill_bootstrap", 1, 9),
+    ("prefill_waiting", 9, 12),
+    ("prefill_forward", 12, 52),
+    ("prefill_transfer_kv_cache", 52, 70),
+]
+DECODE_SLICES = [
+    ("decode_prepare", 2, 3),
+    ("decode_bootstrap", 3, 10),
+    ("decode_transferred", 52, 71),
+    ("decode_waiting", 71, 73),
+    ("decode_forward", 73, 400),
+    ("decode_loop", 73, 400),
+]
 
 
 def _send_node(endpoint: str, node: str, slices: list[tuple[str, int, int]], trace_id_from=None) -> int:
@@ -61,9 +72,13 @@ def test_sglang_slices_become_our_stages_beside_them(make_sidecar, tmp_path):
     decode = spans_when(tmp_path / "d.jsonl", 2 + len(DECODE_SLICES) + 3)
     ours = {(x.name, x.attributes[s.ATTR_POOL]): x for x in prefill + decode if x.name.startswith("splitscope.")}
     expected = {
-        (s.SPAN_QUEUE, "prefill"): (9, 12), (s.SPAN_PREFILL, "prefill"): (12, 52), (s.SPAN_KV_SEND, "prefill"): (52, 70),
-        (s.SPAN_KV_TRANSFER, "decode"): (52, 71), (s.SPAN_QUEUE, "decode"): (71, 73), (s.SPAN_DECODE, "decode"): (73, 400),
-    }  # fmt: skip
+        (s.SPAN_QUEUE, "prefill"): (9, 12),
+        (s.SPAN_PREFILL, "prefill"): (12, 52),
+        (s.SPAN_KV_SEND, "prefill"): (52, 70),
+        (s.SPAN_KV_TRANSFER, "decode"): (52, 71),
+        (s.SPAN_QUEUE, "decode"): (71, 73),
+        (s.SPAN_DECODE, "decode"): (73, 400),
+    }
     assert {key: ((x.start_ns - T0) // MS, (x.end_ns - T0) // MS) for key, x in ours.items()} == expected
     # decode_forward and decode_loop (trace level 3) are one decode: made once.
     assert sum(x.name == s.SPAN_DECODE for x in decode) == 1
@@ -87,8 +102,12 @@ def test_sglang_slices_become_our_stages_beside_them(make_sidecar, tmp_path):
 
 
 def test_sglang_pd_metrics_map_transfer_bytes_and_queues(make_sidecar, engine_server):  # noqa: F811
-    prefill = make_sidecar(grpc_port=None, pool="prefill", worker="sgl-p0",
-                           scrape=[("sglang", engine_server(FIXTURES / "sglang-pd-prefill-metrics.txt"))])  # fmt: skip
+    prefill = make_sidecar(
+        grpc_port=None,
+        pool="prefill",
+        worker="sgl-p0",
+        scrape=[("sglang", engine_server(FIXTURES / "sglang-pd-prefill-metrics.txt"))],
+    )
     f = _families(http_get(f"http://127.0.0.1:{prefill.http_port}/metrics")[1].decode())
     # 30.5 MiB over four transfers, counted in bytes from the per-transfer histogram's sum.
     assert (

@@ -26,13 +26,30 @@ def _request(trace_id: int, violated: bool, error: bool = False) -> tuple[s.Span
     """A root span and its worker's stage spans (times are irrelevant to the sampler, but a trace file
     needs them non-zero)."""
     root_id = random.getrandbits(63) + 1
-    root = s.SpanData(f"{s.ROOT_SPAN_PREFIX} tiny", s.KIND_SERVER, trace_id, root_id, 0, T0_NS, T0_NS + 10,
-                      {s.ATTR_SLO_VIOLATED: violated})  # fmt: skip
+    root = s.SpanData(
+        f"{s.ROOT_SPAN_PREFIX} tiny",
+        s.KIND_SERVER,
+        trace_id,
+        root_id,
+        0,
+        T0_NS,
+        T0_NS + 10,
+        {s.ATTR_SLO_VIOLATED: violated},
+    )
     children = [
-        s.SpanData(name, s.KIND_INTERNAL, trace_id, random.getrandbits(63) + 1, root_id, T0_NS + 1, T0_NS + 9,
-                   {s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"}, error_type="boom" if error and name == s.SPAN_DECODE else "")
+        s.SpanData(
+            name,
+            s.KIND_INTERNAL,
+            trace_id,
+            random.getrandbits(63) + 1,
+            root_id,
+            T0_NS + 1,
+            T0_NS + 9,
+            {s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
+            error_type="boom" if error and name == s.SPAN_DECODE else "",
+        )
         for name in CHILDREN
-    ]  # fmt: skip
+    ]
     return root, children
 
 

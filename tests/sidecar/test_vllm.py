@@ -23,12 +23,23 @@ def _send_vllm_span(endpoint: str, model: str | None = "Qwen/Qwen3-0.6B") -> tup
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm.llm_engine"}))
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=endpoint, insecure=True)))
     named = {vllm.ATTR_RESPONSE_MODEL: model} if model else {}
-    span = provider.get_tracer("vllm.llm_engine").start_span("llm_request", kind=SpanKind.SERVER, start_time=T0, attributes={
-        **named, vllm.ATTR_REQUEST_ID: "cmpl-1",
-        vllm.ATTR_PROMPT_TOKENS: 33, vllm.ATTR_COMPLETION_TOKENS: 300,
-        vllm.ATTR_TIME_IN_QUEUE: QUEUE_S, vllm.ATTR_TTFT: TTFT_S, vllm.ATTR_PREFILL: PREFILL_S,
-        vllm.ATTR_DECODE: DECODE_S, vllm.ATTR_E2E: E2E_S, "gen_ai.request.max_tokens": 300,
-    })  # fmt: skip
+    span = provider.get_tracer("vllm.llm_engine").start_span(
+        "llm_request",
+        kind=SpanKind.SERVER,
+        start_time=T0,
+        attributes={
+            **named,
+            vllm.ATTR_REQUEST_ID: "cmpl-1",
+            vllm.ATTR_PROMPT_TOKENS: 33,
+            vllm.ATTR_COMPLETION_TOKENS: 300,
+            vllm.ATTR_TIME_IN_QUEUE: QUEUE_S,
+            vllm.ATTR_TTFT: TTFT_S,
+            vllm.ATTR_PREFILL: PREFILL_S,
+            vllm.ATTR_DECODE: DECODE_S,
+            vllm.ATTR_E2E: E2E_S,
+            "gen_ai.request.max_tokens": 300,
+        },
+    )
     span.end(end_time=T0 + round(E2E_S * 1e9))
     provider.shutdown()
     return span.context.trace_id, span.context.span_id

@@ -29,22 +29,48 @@ TRACE = 0xABC
 
 
 def _llm_request(span_id: int, start_ns: int, **attributes: float) -> s.SpanData:
-    names = {"queue": vllm.ATTR_TIME_IN_QUEUE, "prefill": vllm.ATTR_PREFILL, "decode": vllm.ATTR_DECODE,
-             "ttft": vllm.ATTR_TTFT, "e2e": vllm.ATTR_E2E, "prompt": vllm.ATTR_PROMPT_TOKENS,
-             "completion": vllm.ATTR_COMPLETION_TOKENS, "max_tokens": vllm.ATTR_MAX_TOKENS}  # fmt: skip
+    names = {
+        "queue": vllm.ATTR_TIME_IN_QUEUE,
+        "prefill": vllm.ATTR_PREFILL,
+        "decode": vllm.ATTR_DECODE,
+        "ttft": vllm.ATTR_TTFT,
+        "e2e": vllm.ATTR_E2E,
+        "prompt": vllm.ATTR_PROMPT_TOKENS,
+        "completion": vllm.ATTR_COMPLETION_TOKENS,
+        "max_tokens": vllm.ATTR_MAX_TOKENS,
+    }
     attrs = {names[k]: v for k, v in attributes.items()}
-    return s.SpanData(vllm.SPAN_NAME, s.KIND_SERVER, TRACE, span_id, 0x1, start_ns,
-                      start_ns + round(attrs[vllm.ATTR_E2E] * 1e9), attrs)  # fmt: skip
+    return s.SpanData(
+        vllm.SPAN_NAME,
+        s.KIND_SERVER,
+        TRACE,
+        span_id,
+        0x1,
+        start_ns,
+        start_ns + round(attrs[vllm.ATTR_E2E] * 1e9),
+        attrs,
+    )
 
 
 def test_pd_pair_gives_one_trace_with_prefill_side_and_decode_side_stages():
     # Prefill instance: arrives at T0, 3 ms front end, 2 ms queue, 40 ms prefill, one token, nothing decoded.
-    p = _llm_request(0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046,
-                     prompt=2000, completion=1, max_tokens=1)  # fmt: skip
+    p = _llm_request(
+        0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046, prompt=2000, completion=1, max_tokens=1
+    )
     # Decode instance: the proxy forwards at T0 + 50 ms; 1 ms front end, 30 ms waiting for the KV (queue),
     # 5 ms first forward, then 0.5 s decoding 64 tokens.
-    d = _llm_request(0x20, T0 + 50 * MS, queue=0.030, prefill=0.005, decode=0.500, ttft=0.036, e2e=0.537,
-                     prompt=2000, completion=64, max_tokens=64)  # fmt: skip
+    d = _llm_request(
+        0x20,
+        T0 + 50 * MS,
+        queue=0.030,
+        prefill=0.005,
+        decode=0.500,
+        ttft=0.036,
+        e2e=0.537,
+        prompt=2000,
+        completion=64,
+        max_tokens=64,
+    )
     prefill_side = vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p)
     decode_side = vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d)
 
@@ -68,10 +94,20 @@ def _send_with_lifecycle(endpoint: str, lifecycle_first: bool) -> int:
     provider = TracerProvider(resource=Resource.create({"service.name": "vllm"}))
     provider.add_span_processor(SimpleSpanProcessor(GrpcSpanExporter(endpoint=endpoint, insecure=True)))
     tracer = provider.get_tracer("vllm.llm_engine")
-    request = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=T0, attributes={
-        vllm.ATTR_TIME_IN_QUEUE: 0.002, vllm.ATTR_PREFILL: 0.040, vllm.ATTR_DECODE: 0.200,
-        vllm.ATTR_TTFT: 0.045, vllm.ATTR_E2E: 0.246, vllm.ATTR_PROMPT_TOKENS: 100, vllm.ATTR_COMPLETION_TOKENS: 20,
-    })  # fmt: skip
+    request = tracer.start_span(
+        "llm_request",
+        kind=SpanKind.SERVER,
+        start_time=T0,
+        attributes={
+            vllm.ATTR_TIME_IN_QUEUE: 0.002,
+            vllm.ATTR_PREFILL: 0.040,
+            vllm.ATTR_DECODE: 0.200,
+            vllm.ATTR_TTFT: 0.045,
+            vllm.ATTR_E2E: 0.246,
+            vllm.ATTR_PROMPT_TOKENS: 100,
+            vllm.ATTR_COMPLETION_TOKENS: 20,
+        },
+    )
     context = trace.set_span_in_context(request)
     children = []
     for name, start_ms, end_ms in (("vllm_queue", 3, 5), ("vllm_prefill", 5, 45), ("vllm_decode", 46, 246)):
@@ -114,8 +150,15 @@ def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_
     sidecar = make_sidecar(http_port=None)
     _send_with_lifecycle(f"127.0.0.1:{sidecar.grpc_port}", lifecycle_first=False)
     # A lifecycle span and any stage made from it are written in one line: once all three are in, so is any double.
-    spans = wait_for(lambda: (found := read_spans(tmp_path / "traces.jsonl"))
-                     and sum(x.name.startswith("vllm_") for x in found) == 3 and found, 10, "the lifecycle spans")  # fmt: skip
+    spans = wait_for(
+        lambda: (
+            (found := read_spans(tmp_path / "traces.jsonl"))
+            and sum(x.name.startswith("vllm_") for x in found) == 3
+            and found
+        ),
+        10,
+        "the lifecycle spans",
+    )
     assert len(spans) == 7  # llm_request, its 3 derived stages, 3 lifecycle spans
     assert sorted(x.name for x in spans if x.name.startswith("splitscope.")) == sorted(
         [s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE]
@@ -132,12 +175,27 @@ def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):
     from tracer.otel import encode_line, make_resource, to_readable_span
     from tracer.report.tables import load_traces
 
-    p = _llm_request(0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046,
-                     prompt=2000, completion=1, max_tokens=1)  # fmt: skip
-    d = _llm_request(0x20, T0 + 50 * MS, queue=0.030, prefill=0.005, decode=0.500, ttft=0.036, e2e=0.537,
-                     prompt=2000, completion=64, max_tokens=64)  # fmt: skip
-    spans = [p, *vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p),
-             d, *vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d)]  # fmt: skip
+    p = _llm_request(
+        0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046, prompt=2000, completion=1, max_tokens=1
+    )
+    d = _llm_request(
+        0x20,
+        T0 + 50 * MS,
+        queue=0.030,
+        prefill=0.005,
+        decode=0.500,
+        ttft=0.036,
+        e2e=0.537,
+        prompt=2000,
+        completion=64,
+        max_tokens=64,
+    )
+    spans = [
+        p,
+        *vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p),
+        d,
+        *vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d),
+    ]
     path = tmp_path / "pd.jsonl"
     resource = make_resource("vllm")
     path.write_bytes(encode_line([to_readable_span(x, resource) for x in spans]))

@@ -33,11 +33,22 @@ def test_report_reads_vllm_request_spans_and_says_what_it_estimated(make_sidecar
         prompt = rng.randint(100, 2000)
         queue_s, prefill_s, decode_s = 0.002, 0.0001 * prompt, 0.02 * 63
         start = t0 + i * 250_000_000
-        span = tracer.start_span("llm_request", kind=SpanKind.SERVER, start_time=start, attributes={
-            vllm.ATTR_RESPONSE_MODEL: "m", vllm.ATTR_REQUEST_ID: f"r{i}", vllm.ATTR_PROMPT_TOKENS: prompt,
-            vllm.ATTR_COMPLETION_TOKENS: 64, vllm.ATTR_TIME_IN_QUEUE: queue_s, vllm.ATTR_PREFILL: prefill_s,
-            vllm.ATTR_TTFT: queue_s + prefill_s, vllm.ATTR_DECODE: decode_s, vllm.ATTR_E2E: queue_s + prefill_s + decode_s,
-        })  # fmt: skip
+        span = tracer.start_span(
+            "llm_request",
+            kind=SpanKind.SERVER,
+            start_time=start,
+            attributes={
+                vllm.ATTR_RESPONSE_MODEL: "m",
+                vllm.ATTR_REQUEST_ID: f"r{i}",
+                vllm.ATTR_PROMPT_TOKENS: prompt,
+                vllm.ATTR_COMPLETION_TOKENS: 64,
+                vllm.ATTR_TIME_IN_QUEUE: queue_s,
+                vllm.ATTR_PREFILL: prefill_s,
+                vllm.ATTR_TTFT: queue_s + prefill_s,
+                vllm.ATTR_DECODE: decode_s,
+                vllm.ATTR_E2E: queue_s + prefill_s + decode_s,
+            },
+        )
         span.end(end_time=start + round((queue_s + prefill_s + decode_s) * 1e9))
         expected_tokens.append(prompt)
     provider.shutdown()

@@ -103,8 +103,13 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
     runner: web.AppRunner | None = None
     try:
         readies = await asyncio.wait_for(asyncio.gather(*(_ready(w) for w in workers)), STARTUP_TIMEOUT_S)
-        router = Router(mode="disaggregated", model=plan["preset"], endpoints=[Endpoint.from_ready(r) for r in readies],
-                        max_context_tokens=min(r["max_context_tokens"] for r in readies), tracing=tracing)  # fmt: skip
+        router = Router(
+            mode="disaggregated",
+            model=plan["preset"],
+            endpoints=[Endpoint.from_ready(r) for r in readies],
+            max_context_tokens=min(r["max_context_tokens"] for r in readies),
+            tracing=tracing,
+        )
         await router.start()
         runner = web.AppRunner(router.app(), access_log=None)
         await runner.setup()
@@ -122,11 +127,22 @@ async def run(plan: dict[str, Any]) -> dict[str, Any]:
                 start_wall_ns = time.time_ns()
                 request_ids = []
                 for i, tokens in enumerate(phase["prompt_tokens"]):
-                    body = {"model": plan["preset"], "prompt": prompt_of(tokens, 1000 * phase_index + i),
-                            "max_tokens": plan["max_tokens"], "ignore_eos": True}  # fmt: skip
+                    body = {
+                        "model": plan["preset"],
+                        "prompt": prompt_of(tokens, 1000 * phase_index + i),
+                        "max_tokens": plan["max_tokens"],
+                        "ignore_eos": True,
+                    }
                     request_ids.append(await _complete(client, url, body))
-                phases.append({"label": phase["label"], "rate_bits_per_s": phase["rate_bits_per_s"],
-                               "start_wall_ns": start_wall_ns, "end_wall_ns": time.time_ns(), "request_ids": request_ids})  # fmt: skip
+                phases.append(
+                    {
+                        "label": phase["label"],
+                        "rate_bits_per_s": phase["rate_bits_per_s"],
+                        "start_wall_ns": start_wall_ns,
+                        "end_wall_ns": time.time_ns(),
+                        "request_ids": request_ids,
+                    }
+                )
         return {"phases": phases}
     finally:
         if runner is not None:

@@ -68,8 +68,23 @@ class VethLink:
                 _run("ip", "-n", side.netns, "addr", "add", f"{side.address}/{PREFIX_BITS}", "dev", side.device)
                 _run("ip", "-n", side.netns, "link", "set", side.device, "up")
                 _run("ip", "-n", side.netns, "link", "set", "lo", "up")
-                _run("tc", "-n", side.netns, "qdisc", "add", "dev", side.device, "root", "tbf", "rate", "1gbit",
-                     "burst", str(BURST_BYTES), "limit", str(QUEUE_LIMIT_BYTES))  # fmt: skip
+                _run(
+                    "tc",
+                    "-n",
+                    side.netns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    side.device,
+                    "root",
+                    "tbf",
+                    "rate",
+                    "1gbit",
+                    "burst",
+                    str(BURST_BYTES),
+                    "limit",
+                    str(QUEUE_LIMIT_BYTES),
+                )
         except BaseException:
             link.close()
             raise
@@ -78,8 +93,23 @@ class VethLink:
     def set_rate(self, rate_bits_per_s: int) -> None:
         """Both directions of the link run at `rate_bits_per_s` from now on."""
         for side in (self.left, self.right):
-            _run("tc", "-n", side.netns, "qdisc", "change", "dev", side.device, "root", "tbf", "rate",
-                 f"{rate_bits_per_s}bit", "burst", str(BURST_BYTES), "limit", str(QUEUE_LIMIT_BYTES))  # fmt: skip
+            _run(
+                "tc",
+                "-n",
+                side.netns,
+                "qdisc",
+                "change",
+                "dev",
+                side.device,
+                "root",
+                "tbf",
+                "rate",
+                f"{rate_bits_per_s}bit",
+                "burst",
+                str(BURST_BYTES),
+                "limit",
+                str(QUEUE_LIMIT_BYTES),
+            )
 
     @staticmethod
     def command(side: Side, argv: list[str]) -> list[str]:

@@ -46,16 +46,25 @@ def slow_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     traces = run_dir / "traces.jsonl"
     with VethLink.create() as link:
         plan = {
-            "link": {"left": asdict(link.left), "right": asdict(link.right)}, "preset": PRESET,
-            "traces_file": str(traces), "out": str(run_dir / "run.json"), "token": "slow-link-secret",
-            "max_tokens": 16, "phases": PHASES,
-        }  # fmt: skip
+            "link": {"left": asdict(link.left), "right": asdict(link.right)},
+            "preset": PRESET,
+            "traces_file": str(traces),
+            "out": str(run_dir / "run.json"),
+            "token": "slow-link-secret",
+            "max_tokens": 16,
+            "phases": PHASES,
+        }
         (run_dir / "plan.json").write_text(json.dumps(plan))
         with open(run_dir / "drive.log", "wb") as log:
             result = subprocess.run(
                 link.command(link.left, [sys.executable, "-m", "tests.slow_link.drive", str(run_dir / "plan.json")]),
-                cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=DRIVE_TIMEOUT_S, check=False,
-            )  # fmt: skip
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                timeout=DRIVE_TIMEOUT_S,
+                check=False,
+            )
     log_tail = (run_dir / "drive.log").read_text(errors="replace")[-4000:]
     assert result.returncode == 0, f"the driver failed with {result.returncode}:\n{log_tail}"
     return json.loads((run_dir / "run.json").read_text()), traces

@@ -391,16 +391,49 @@ def _metered_spans():
         if i % 4 == 0:
             trace = 1000 + i
             spans += [
-                s.SpanData(s.SPAN_PREFILL, s.KIND_INTERNAL, trace, 2, 1, t, t + 30 * MS,
-                           {**worker, s.ATTR_PREFILL_TOKENS: 100 + i, s.ATTR_PREFILL_CACHED_TOKENS: 16}),
-                s.SpanData(s.SPAN_DECODE, s.KIND_INTERNAL, trace, 3, 1, t, t + 90 * MS,
-                           {**worker, s.ATTR_OUTPUT_TOKENS: 5}, samples={"itl_gaps_s": [0.01 * (i % 5 + 1)] * 4}),
-                s.SpanData(s.SPAN_KV_TRANSFER, s.KIND_INTERNAL, trace, 4, 1, t, t + 2 * MS,
-                           {s.ATTR_POOL: "prefill", s.ATTR_WORKER: "p0", s.ATTR_KV_BYTES: 4096},
-                           error_type="checksum" if i % 8 == 0 else ""),
-                s.SpanData("text_completion tiny", s.KIND_SERVER, trace, 1, 0, t, t + 120 * MS,
-                           {s.ATTR_MODEL: "tiny", s.ATTR_MODE: "colocated", s.ATTR_TTFT_S: 0.04, s.ATTR_OUTPUT_TOKENS: 5}),
-            ]  # fmt: skip
+                s.SpanData(
+                    s.SPAN_PREFILL,
+                    s.KIND_INTERNAL,
+                    trace,
+                    2,
+                    1,
+                    t,
+                    t + 30 * MS,
+                    {**worker, s.ATTR_PREFILL_TOKENS: 100 + i, s.ATTR_PREFILL_CACHED_TOKENS: 16},
+                ),
+                s.SpanData(
+                    s.SPAN_DECODE,
+                    s.KIND_INTERNAL,
+                    trace,
+                    3,
+                    1,
+                    t,
+                    t + 90 * MS,
+                    {**worker, s.ATTR_OUTPUT_TOKENS: 5},
+                    samples={"itl_gaps_s": [0.01 * (i % 5 + 1)] * 4},
+                ),
+                s.SpanData(
+                    s.SPAN_KV_TRANSFER,
+                    s.KIND_INTERNAL,
+                    trace,
+                    4,
+                    1,
+                    t,
+                    t + 2 * MS,
+                    {s.ATTR_POOL: "prefill", s.ATTR_WORKER: "p0", s.ATTR_KV_BYTES: 4096},
+                    error_type="checksum" if i % 8 == 0 else "",
+                ),
+                s.SpanData(
+                    "text_completion tiny",
+                    s.KIND_SERVER,
+                    trace,
+                    1,
+                    0,
+                    t,
+                    t + 120 * MS,
+                    {s.ATTR_MODEL: "tiny", s.ATTR_MODE: "colocated", s.ATTR_TTFT_S: 0.04, s.ATTR_OUTPUT_TOKENS: 5},
+                ),
+            ]
         t += 10 * MS
     return spans
 
@@ -477,16 +510,35 @@ def test_a_raising_sink_loses_only_its_slice_and_counts_it_as_sink_error():
 
 @pytest.mark.parametrize(
     "slo, ttft_ms, gap_ms, missed",
-    [(RequestSlo(0.1, 0.05), 120, 10, SloObjective.TTFT), (RequestSlo(0.1, 0.05), 50, 60, SloObjective.ITL),
-     (RequestSlo(0.1, 0.05), 150, 60, f"{SloObjective.TTFT},{SloObjective.ITL}"), (RequestSlo(0.1, 0.05), 50, 10, None), (RequestSlo(itl_s=0.05), 900, 10, None)],
-)  # fmt: skip
+    [
+        (RequestSlo(0.1, 0.05), 120, 10, SloObjective.TTFT),
+        (RequestSlo(0.1, 0.05), 50, 60, SloObjective.ITL),
+        (RequestSlo(0.1, 0.05), 150, 60, f"{SloObjective.TTFT},{SloObjective.ITL}"),
+        (RequestSlo(0.1, 0.05), 50, 10, None),
+        (RequestSlo(itl_s=0.05), 900, 10, None),
+    ],
+)
 def test_the_root_span_says_which_objective_the_request_missed(slo, ttft_ms, gap_ms, missed):
     clock = default_clock("cpu")
     builder = SpanBuilder(clock, None, None, slo=slo)
     start = 1_000 * MS
     first = start + ttft_ms * MS
-    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, start, first + 3 * gap_ms * MS, first, "m", "colocated",
-                           "r", 4, 4, array("d", [gap_ms / 1e3] * 3), "", "text_completion")  # fmt: skip
+    record = RequestRecord(
+        KIND_REQUEST,
+        TraceContext.new_root(),
+        7,
+        start,
+        first + 3 * gap_ms * MS,
+        first,
+        "m",
+        "colocated",
+        "r",
+        4,
+        4,
+        array("d", [gap_ms / 1e3] * 3),
+        "",
+        "text_completion",
+    )
     attrs = builder.request(record, clock.resolve(record.start, record.end, record.end)).attributes
     assert attrs[s.ATTR_SLO_VIOLATED] is (missed is not None)
     assert attrs.get(s.ATTR_SLO_MISSED) == missed
@@ -494,7 +546,21 @@ def test_the_root_span_says_which_objective_the_request_missed(slo, ttft_ms, gap
 
 def test_without_objectives_the_root_span_has_no_outcome():
     clock = default_clock("cpu")
-    record = RequestRecord(KIND_REQUEST, TraceContext.new_root(), 7, 0, 10 * MS, 5 * MS, "m", "colocated", "r", 1, 2,
-                           array("d", [0.005]), "", "text_completion")  # fmt: skip
+    record = RequestRecord(
+        KIND_REQUEST,
+        TraceContext.new_root(),
+        7,
+        0,
+        10 * MS,
+        5 * MS,
+        "m",
+        "colocated",
+        "r",
+        1,
+        2,
+        array("d", [0.005]),
+        "",
+        "text_completion",
+    )
     attrs = SpanBuilder(clock, None, None).request(record, clock.resolve(0, 10 * MS, 10 * MS)).attributes
     assert s.ATTR_SLO_VIOLATED not in attrs and s.ATTR_SLO_MISSED not in attrs

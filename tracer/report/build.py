@@ -238,15 +238,29 @@ class _Findings:
     def report(self, verdict: str, reasons: Sequence[str] = (), **fields: Any) -> Report:
         """The Report: these findings plus the decision's own fields (keywords of Report)."""
         values: dict[str, Any] = dict(
-            ratio=None, from_ratio=None, chunk_budget_tokens=None, recommended=None, goodput=[], network={},
+            ratio=None,
+            from_ratio=None,
+            chunk_budget_tokens=None,
+            recommended=None,
+            goodput=[],
+            network={},
             windows=[],
-        )  # fmt: skip
+        )
         values.update(fields)
         return Report(
-            verdict=verdict, current=self.current, slo=self.options.slo, margin=self.options.margin, fits=self.fits,
-            evidence=self.evidence + list(reasons), assumptions=self.assumptions, measured=self.measured,
-            read=self.read, data=self.data, step_fit=self.step_fit, **values,
-        )  # fmt: skip
+            verdict=verdict,
+            current=self.current,
+            slo=self.options.slo,
+            margin=self.options.margin,
+            fits=self.fits,
+            evidence=self.evidence + list(reasons),
+            assumptions=self.assumptions,
+            measured=self.measured,
+            read=self.read,
+            data=self.data,
+            step_fit=self.step_fit,
+            **values,
+        )
 
 
 def report_from_data(data: TraceData, options: ReportOptions) -> Report:
@@ -271,8 +285,9 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     with_options = [w for w in window_results if w.options]
     goodput = _mean_options(with_options) if with_options else []
     network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
-    found.evidence += _evidence(found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final,
-                                window_results)  # fmt: skip
+    found.evidence += _evidence(
+        found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final, window_results
+    )
     gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
     check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram)
     if check:
@@ -287,16 +302,35 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         return found.report(Verdict.INSUFFICIENT_DATA, reasons, model_check=check, unconfirmed=guess, **decided)
     confidence = None
     if options.confidence_resamples and largest is not None:
-        confidence = bootstrap(final, current, largest[1], largest[2], step_fit, costs, slo, options.margin, params,
-                               options.confidence_resamples, options.seed, min(options.sim_requests, RERUN_REQUESTS),
-                               min(options.sim_duration_s, RERUN_DURATION_S), RERUN_SAMPLE_REQUESTS)  # fmt: skip
+        confidence = bootstrap(
+            final,
+            current,
+            largest[1],
+            largest[2],
+            step_fit,
+            costs,
+            slo,
+            options.margin,
+            params,
+            options.confidence_resamples,
+            options.seed,
+            min(options.sim_requests, RERUN_REQUESTS),
+            min(options.sim_duration_s, RERUN_DURATION_S),
+            RERUN_SAMPLE_REQUESTS,
+        )
         found.evidence.append(_confidence_line(confidence))
     return found.report(
-        final.verdict, ratio=final.ratio, from_ratio=final.from_ratio, chunk_budget_tokens=final.chunk_budget_tokens,
-        recommended=final.recommended, win_margin=final.win_margin, model_check=check,
-        confidence=confidence.share if confidence else None, confidence_resamples=confidence.resamples if confidence else 0,
+        final.verdict,
+        ratio=final.ratio,
+        from_ratio=final.from_ratio,
+        chunk_budget_tokens=final.chunk_budget_tokens,
+        recommended=final.recommended,
+        win_margin=final.win_margin,
+        model_check=check,
+        confidence=confidence.share if confidence else None,
+        confidence_resamples=confidence.resamples if confidence else 0,
         **decided,
-    )  # fmt: skip
+    )
 
 
 def _findings(data: TraceData, options: ReportOptions) -> _Findings:
@@ -383,14 +417,32 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         evidence += metrics_evidence(engine_metrics, slo.itl_s)
         assumptions += _use_metrics_file(engine_metrics, requests, estimated, slo, measured)
     return _Findings(
-        data, options, requests, current, step_fit, prefill_fit, transfer_fit, transfer, gpus,
-        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer), measured, read, evidence, assumptions, missing,
+        data,
+        options,
+        requests,
+        current,
+        step_fit,
+        prefill_fit,
+        transfer_fit,
+        transfer,
+        gpus,
+        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer),
+        measured,
+        read,
+        evidence,
+        assumptions,
+        missing,
         engine_metrics,
-    )  # fmt: skip
+    )
 
 
-def _use_metrics_file(engine_metrics: EngineMetrics, requests: RequestTable, estimated_gaps: list[np.ndarray] | None,
-                      slo: SLO, measured: Measured | None) -> list[str]:  # fmt: skip
+def _use_metrics_file(
+    engine_metrics: EngineMetrics,
+    requests: RequestTable,
+    estimated_gaps: list[np.ndarray] | None,
+    slo: SLO,
+    measured: Measured | None,
+) -> list[str]:
     """What the report took from the metrics file, as assumption lines. Where the per-request gaps were
     estimated and the SLO is on a request's p99 or max gap, the measured attainment counts the gaps over
     the SLO from the engine's histogram instead (`measured` is updated in place)."""
@@ -429,8 +481,9 @@ def _with_inferred_budget(current: Layout, requests: RequestTable, step_fit: Ste
     return replace(current, chunk_budget_tokens=max(budget, 1))
 
 
-def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str],
-                chunked: bool = False) -> StepFit | None:  # fmt: skip
+def _step_costs(
+    data: TraceData, options: ReportOptions, missing: list[str], assumptions: list[str], chunked: bool = False
+) -> StepFit | None:
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
         # Measured on the reference server (bench/verdict_ab.py): a fit on a light run's small batches
@@ -461,8 +514,9 @@ def _step_costs(data: TraceData, options: ReportOptions, missing: list[str], ass
     return step_fit
 
 
-def _judge_windows(found: _Findings, costs: Costs, params: EngineParams
-                   ) -> tuple[list[WindowResult], tuple[int, list[GoodputResult], Workload] | None]:  # fmt: skip
+def _judge_windows(
+    found: _Findings, costs: Costs, params: EngineParams
+) -> tuple[list[WindowResult], tuple[int, list[GoodputResult], Workload] | None]:
     """Every window's decision over the candidate layouts, and the largest window's goodput results."""
     options, requests, data, current = found.options, found.requests, found.data, found.current
     assert found.step_fit is not None and current is not None
@@ -484,10 +538,18 @@ def _judge_windows(found: _Findings, costs: Costs, params: EngineParams
         observed = _workload(selected)
         sample = observed.resample(max(options.sim_requests, options.sim_max_requests), options.seed)
         results = [
-            search_goodput(layout, sample, costs, options.slo, start_rate_per_s=max(observed.rate_per_s, 1e-3),
-                           min_requests=options.sim_requests, duration_s=options.sim_duration_s, params=params)
+            search_goodput(
+                layout,
+                sample,
+                costs,
+                options.slo,
+                start_rate_per_s=max(observed.rate_per_s, 1e-3),
+                min_requests=options.sim_requests,
+                duration_s=options.sim_duration_s,
+                params=params,
+            )
             for layout in layouts
-        ]  # fmt: skip
+        ]
         decision = decide(current, results, options.margin)
         if largest is None or len(selected) > largest[0]:
             largest = (len(selected), results, observed)
@@ -532,8 +594,9 @@ def _headline_of(decision: Decision) -> str:
     return decision.verdict
 
 
-def _with_estimated_gaps(requests: RequestTable, slo: SLO, chunked_costs: StepCosts | None = None
-                         ) -> tuple[RequestTable, int, list[np.ndarray] | None]:  # fmt: skip
+def _with_estimated_gaps(
+    requests: RequestTable, slo: SLO, chunked_costs: StepCosts | None = None
+) -> tuple[RequestTable, int, list[np.ndarray] | None]:
     """`requests` with the inter-token statistics their spans lack estimated (estimate.py), how many, and
     the estimated gaps of each (empty for requests whose spans had the statistic; None when none had)."""
     missing = np.isnan(requests.itl(slo.itl_stat)) & (requests.output_tokens > 1) & ~requests.failed
@@ -744,9 +807,15 @@ def model_check(
     if ok.sum() < 2:
         return {}
     result = simulate(
-        current, _workload(requests.select(ok)), costs, slo, params=params, noise_sigma=noise_sigma, seed=0,
+        current,
+        _workload(requests.select(ok)),
+        costs,
+        slo,
+        params=params,
+        noise_sigma=noise_sigma,
+        seed=0,
         record=measured_gaps is not None and measured_gaps.count > 0,
-    )  # fmt: skip
+    )
     measured_itl = requests.itl(slo.itl_stat)[ok]
     measured_itl = measured_itl[~np.isnan(measured_itl)]
     measured_ttft = requests.ttft_s[ok]

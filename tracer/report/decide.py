@@ -82,9 +82,13 @@ class _Options:
             r for r in results if r.layout.mode == "disaggregated"
         ]
         return cls(
-            by_label[current.label], next((r for r in singles if r.layout.mode == "colocated"), None),
-            _best([r for r in singles if r.layout.mode == "chunked"]), _best(singles), _best(splits), by_label,
-        )  # fmt: skip
+            by_label[current.label],
+            next((r for r in singles if r.layout.mode == "colocated"), None),
+            _best([r for r in singles if r.layout.mode == "chunked"]),
+            _best(singles),
+            _best(splits),
+            by_label,
+        )
 
 
 def _fmt(result: GoodputResult) -> str:
@@ -100,8 +104,14 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
             reasons = [
                 f"{_fmt(o.best_split)} beats the best single pool ({_fmt(o.best_single)}) by {_pct(gain)} (margin {_pct(margin)})"
             ]
-            return Decision(Verdict.SPLIT, o.best_split.layout, ratio=o.best_split.layout.ratio, changes_layout=True,
-                            reasons=reasons, win_margin=gain)  # fmt: skip
+            return Decision(
+                Verdict.SPLIT,
+                o.best_split.layout,
+                ratio=o.best_split.layout.ratio,
+                changes_layout=True,
+                reasons=reasons,
+                win_margin=gain,
+            )
         split_note = _short_of("the best split", o.best_split, "the best single pool", o.best_single, gain, margin)
     else:
         split_note = "one GPU: no split possible"
@@ -110,8 +120,14 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
         gain = _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu)
         if current.mode == "colocated" and gain >= margin:
             reasons = [f"{_fmt(chunked)} beats {_fmt(colocated)} by {_pct(gain)} (margin {_pct(margin)})", split_note]
-            return Decision(Verdict.ENABLE_CHUNKED_PREFILL, chunked.layout, chunk_budget_tokens=chunked.layout.chunk_budget_tokens,
-                            changes_layout=True, reasons=reasons, win_margin=gain)  # fmt: skip
+            return Decision(
+                Verdict.ENABLE_CHUNKED_PREFILL,
+                chunked.layout,
+                chunk_budget_tokens=chunked.layout.chunk_budget_tokens,
+                changes_layout=True,
+                reasons=reasons,
+                win_margin=gain,
+            )
         # Deployed chunked: it stays on unless plain colocated beats it by the margin (the same rule as
         # turning it on, from the other side); its budget changes only for a margin's gain over the deployed one.
         if current.mode == "chunked" and _gain(colocated.goodput_per_gpu, chunked.goodput_per_gpu) < margin:
@@ -124,14 +140,31 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
                 f"chunked prefill stays on ({_fmt(o.by_label[layout.label])}; plain colocated {_fmt(colocated)})",
                 split_note,
             ]
-            return Decision(Verdict.ENABLE_CHUNKED_PREFILL, layout, chunk_budget_tokens=layout.chunk_budget_tokens,
-                            changes_layout=budget_changes, reasons=reasons)  # fmt: skip
+            return Decision(
+                Verdict.ENABLE_CHUNKED_PREFILL,
+                layout,
+                chunk_budget_tokens=layout.chunk_budget_tokens,
+                changes_layout=budget_changes,
+                reasons=reasons,
+            )
     reasons = [split_note]
     if chunked is not None and colocated is not None:
-        reasons.append(_short_of("chunked prefill at its best budget", chunked, "plain colocated", colocated,
-                                 _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu), margin))  # fmt: skip
-    return Decision(Verdict.STAY_COLOCATED, colocated.layout if colocated else current,
-                    changes_layout=current.mode != "colocated", reasons=reasons)  # fmt: skip
+        reasons.append(
+            _short_of(
+                "chunked prefill at its best budget",
+                chunked,
+                "plain colocated",
+                colocated,
+                _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu),
+                margin,
+            )
+        )
+    return Decision(
+        Verdict.STAY_COLOCATED,
+        colocated.layout if colocated else current,
+        changes_layout=current.mode != "colocated",
+        reasons=reasons,
+    )
 
 
 def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
@@ -144,16 +177,34 @@ def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
         reasons = [
             f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"
         ]
-        return Decision(Verdict.MERGE, best_single.layout, chunk_budget_tokens=budget, from_ratio=current.ratio,
-                        changes_layout=True, reasons=reasons, win_margin=gain)  # fmt: skip
+        return Decision(
+            Verdict.MERGE,
+            best_single.layout,
+            chunk_budget_tokens=budget,
+            from_ratio=current.ratio,
+            changes_layout=True,
+            reasons=reasons,
+            win_margin=gain,
+        )
     gain_ratio = _gain(best_split.goodput_per_gpu, now.goodput_per_gpu)
     if best_split.layout.ratio != current.ratio and gain_ratio >= margin:
-        reasons = [f"{_fmt(best_split)} beats the deployed {_fmt(now)} by {_pct(gain_ratio)} (margin {_pct(margin)})",
-                   f"best single pool {_fmt(best_single)}"]  # fmt: skip
-        return Decision(Verdict.REBALANCE, best_split.layout, ratio=best_split.layout.ratio, from_ratio=current.ratio,
-                        changes_layout=True, reasons=reasons, win_margin=gain_ratio)  # fmt: skip
-    reasons = [_short_of("the best ratio", best_split, "the deployed split", now, gain_ratio, margin),
-               _short_of("the best single pool", best_single, "the best split", best_split, gain, margin)]  # fmt: skip
+        reasons = [
+            f"{_fmt(best_split)} beats the deployed {_fmt(now)} by {_pct(gain_ratio)} (margin {_pct(margin)})",
+            f"best single pool {_fmt(best_single)}",
+        ]
+        return Decision(
+            Verdict.REBALANCE,
+            best_split.layout,
+            ratio=best_split.layout.ratio,
+            from_ratio=current.ratio,
+            changes_layout=True,
+            reasons=reasons,
+            win_margin=gain_ratio,
+        )
+    reasons = [
+        _short_of("the best ratio", best_split, "the deployed split", now, gain_ratio, margin),
+        _short_of("the best single pool", best_single, "the best split", best_split, gain, margin),
+    ]
     return Decision(Verdict.SPLIT, current, ratio=current.ratio, changes_layout=False, reasons=reasons)
 
 

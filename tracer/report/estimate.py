@@ -243,8 +243,9 @@ def _chunked_split(seen: ChunkedOverlap, costs: StepCosts) -> tuple[np.ndarray, 
     time under prefill windows net of the chunk work, at that step length)."""
     chunk_work = np.clip(
         costs.prefill_s_per_token * seen.prefill_tokens + costs.prefill_s_per_token2 * seen.attention_tokens2,
-        0.0, seen.decode_s,
-    )  # fmt: skip
+        0.0,
+        seen.decode_s,
+    )
     plain = (seen.decode_s - chunk_work) / np.maximum(seen.iterations, 1)
     with np.errstate(invalid="ignore", divide="ignore"):
         mixed = np.clip(np.round((seen.under_prefill_s - chunk_work) / plain), 0, seen.iterations)
@@ -261,10 +262,15 @@ def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
     if use.sum() < 5:
         return None
     per = seen.iterations[use]
-    features = np.column_stack([
-        np.ones(use.sum()), seen.mean_context_tokens[use], seen.mean_batch[use],
-        seen.prefill_tokens[use] / per, seen.attention_tokens2[use] / per,
-    ])  # fmt: skip
+    features = np.column_stack(
+        [
+            np.ones(use.sum()),
+            seen.mean_context_tokens[use],
+            seen.mean_batch[use],
+            seen.prefill_tokens[use] / per,
+            seen.attention_tokens2[use] / per,
+        ]
+    )
     target = seen.decode_s[use] / per
     fit = fit_nonnegative(features, target)
     costs = StepCosts(*(float(x) for x in fit.coefficients))
@@ -277,10 +283,18 @@ def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
     logs = np.log(target[good] / predicted[good])
     sigma = float(1.4826 * np.median(np.abs(logs - np.median(logs)))) if good.sum() > 2 else 0.0
     return StepFit(
-        costs, "estimated from request spans", fit.r2, fit.samples,
-        float(np.median(ratios[ok])) if ok.any() else None, int(ok.sum()), 0, sigma, features, target,
+        costs,
+        "estimated from request spans",
+        fit.r2,
+        fit.samples,
+        float(np.median(ratios[ok])) if ok.any() else None,
+        int(ok.sum()),
+        0,
+        sigma,
+        features,
+        target,
         ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2"),
-    )  # fmt: skip
+    )
 
 
 def chunk_budget_tokens(requests: RequestTable, costs: StepCosts) -> int | None:

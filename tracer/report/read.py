@@ -322,32 +322,49 @@ def _span(raw: _Span) -> Span:
     """A non-step span (ids checked) as the report's tables read it."""
     status = raw.status
     return Span(
-        trace_id=_hex(raw.traceId, 32), span_id=_hex(raw.spanId, 16),
+        trace_id=_hex(raw.traceId, 32),
+        span_id=_hex(raw.spanId, 16),
         parent_span_id=_hex(raw.parentSpanId, 16) if raw.parentSpanId else "",
-        name=raw.name, kind=raw.kind, start_ns=raw.startTimeUnixNano, end_ns=raw.endTimeUnixNano,
-        attributes={kv.key: _value(kv.value) for kv in raw.attributes}, resource={},
+        name=raw.name,
+        kind=raw.kind,
+        start_ns=raw.startTimeUnixNano,
+        end_ns=raw.endTimeUnixNano,
+        attributes={kv.key: _value(kv.value) for kv in raw.attributes},
+        resource={},
         status_code=status.code if status is not None else STATUS_UNSET,
         status_message=status.message if status is not None else "",
-    )  # fmt: skip
+    )
 
 
 def _step_span(raw: _Span) -> Span:
     """A step span `StepColumns.append_json` refused, for the tables to read or name what is wrong; its
     ids are not read by the report, so they are passed through unchecked."""
     return Span(
-        trace_id=raw.traceId, span_id=raw.spanId, parent_span_id=raw.parentSpanId, name=raw.name,
-        kind=raw.kind, start_ns=raw.startTimeUnixNano, end_ns=raw.endTimeUnixNano,
-        attributes={kv.key: _value(kv.value) for kv in raw.attributes}, resource={},
-    )  # fmt: skip
+        trace_id=raw.traceId,
+        span_id=raw.spanId,
+        parent_span_id=raw.parentSpanId,
+        name=raw.name,
+        kind=raw.kind,
+        start_ns=raw.startTimeUnixNano,
+        end_ns=raw.endTimeUnixNano,
+        attributes={kv.key: _value(kv.value) for kv in raw.attributes},
+        resource={},
+    )
 
 
 def _proto_step_span(raw: Any) -> Span:
     """`_step_span` for an opentelemetry-proto `Span`."""
     return Span(
-        trace_id=raw.trace_id.hex(), span_id=raw.span_id.hex(), parent_span_id=raw.parent_span_id.hex(),
-        name=raw.name, kind=raw.kind, start_ns=raw.start_time_unix_nano, end_ns=raw.end_time_unix_nano,
-        attributes=_proto_attributes(raw.attributes), resource={},
-    )  # fmt: skip
+        trace_id=raw.trace_id.hex(),
+        span_id=raw.span_id.hex(),
+        parent_span_id=raw.parent_span_id.hex(),
+        name=raw.name,
+        kind=raw.kind,
+        start_ns=raw.start_time_unix_nano,
+        end_ns=raw.end_time_unix_nano,
+        attributes=_proto_attributes(raw.attributes),
+        resource={},
+    )
 
 
 def _typed_proto(record: bytes) -> list[Any]:

@@ -226,8 +226,16 @@ class StepLog:
     context_tokens: list[int] = field(default_factory=list)
     prefill_attention_tokens2: list[int] = field(default_factory=list)
 
-    def append(self, worker: int, start_s: float, duration_s: float, decode_requests: int, prefill_tokens: int,
-               context_tokens: int, prefill_attention_tokens2: int) -> None:  # fmt: skip
+    def append(
+        self,
+        worker: int,
+        start_s: float,
+        duration_s: float,
+        decode_requests: int,
+        prefill_tokens: int,
+        context_tokens: int,
+        prefill_attention_tokens2: int,
+    ) -> None:
         self.worker.append(worker)
         self.start_s.append(start_s)
         self.duration_s.append(duration_s)
@@ -365,8 +373,15 @@ def _run_worker(
     return out
 
 
-def _admit(admitted: list[int], k: int, t: float, decode_need: np.ndarray, context_at_decode: np.ndarray,
-           finish_heap: list[tuple[int, int]], out: _WorkerOut) -> int:  # fmt: skip
+def _admit(
+    admitted: list[int],
+    k: int,
+    t: float,
+    decode_need: np.ndarray,
+    context_at_decode: np.ndarray,
+    finish_heap: list[tuple[int, int]],
+    out: _WorkerOut,
+) -> int:
     """Start decoding `admitted` at step `k` (time `t`); returns the context tokens they add to the batch."""
     added = 0
     for request in admitted:
@@ -378,8 +393,15 @@ def _admit(admitted: list[int], k: int, t: float, decode_need: np.ndarray, conte
     return added
 
 
-def _chunked_prefill(waiting: deque[int], remaining: dict[int, int], prefill_need: np.ndarray, left: int,
-                     room: int, t: float, out: _WorkerOut) -> tuple[int, int, list[int]]:  # fmt: skip
+def _chunked_prefill(
+    waiting: deque[int],
+    remaining: dict[int, int],
+    prefill_need: np.ndarray,
+    left: int,
+    room: int,
+    t: float,
+    out: _WorkerOut,
+) -> tuple[int, int, list[int]]:
     """Chunks of the waiting prompts, FCFS, up to `left` tokens and `room` requests in this step:
     (prefill tokens, attention work in tokens^2, prompts finished). Finished prompts leave `waiting`."""
     prefill_tokens = attention = 0
@@ -406,8 +428,9 @@ def _chunked_prefill(waiting: deque[int], remaining: dict[int, int], prefill_nee
     return prefill_tokens, attention, done
 
 
-def _whole_prefill(waiting: deque[int], remaining: dict[int, int], room: int, cap_tokens: int, t: float,
-                   out: _WorkerOut) -> tuple[int, int, list[int]]:  # fmt: skip
+def _whole_prefill(
+    waiting: deque[int], remaining: dict[int, int], room: int, cap_tokens: int, t: float, out: _WorkerOut
+) -> tuple[int, int, list[int]]:
     """Whole prompts, FCFS, up to `room` requests and `cap_tokens` (at least one prompt) in this step:
     (prefill tokens, attention work in tokens^2, prompts finished). Finished prompts leave `waiting`."""
     prefill_tokens = attention = 0
@@ -496,9 +519,14 @@ def simulate(
             _gap_stats(members, bounds, ends, run.first_token, itl_p99, itl_max, itl_mean)
             e2e[members] = ends[bounds[:, 1]] - run.arrival[members]
     result = SimResult(
-        layout, run.first_token - run.arrival + costs.frontend_s, itl_p50, itl_p99, itl_max, itl_mean,
+        layout,
+        run.first_token - run.arrival + costs.frontend_s,
+        itl_p50,
+        itl_p99,
+        itl_max,
+        itl_mean,
         e2e + costs.frontend_s,
-    )  # fmt: skip
+    )
     if slo is not None:
         result.attainment = result.attainment_for(slo)
     if record:
@@ -535,17 +563,34 @@ class _Run:
     decode_step_starts: dict[int, list[float]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, workload: Workload, costs: Costs, params: EngineParams, layout: Layout, noise_sigma: float,
-           seed: int, record: bool) -> _Run:  # fmt: skip
+    def of(
+        cls,
+        workload: Workload,
+        costs: Costs,
+        params: EngineParams,
+        layout: Layout,
+        noise_sigma: float,
+        seed: int,
+        record: bool,
+    ) -> _Run:
         arrival = np.asarray(workload.arrival_s, dtype=float)
         prompt = np.asarray(workload.prompt_tokens, dtype=np.int64)
         cached = np.minimum(np.asarray(workload.cached_tokens, dtype=np.int64), prompt - 1)
         output = np.maximum(np.asarray(workload.output_tokens, dtype=np.int64), 1)
         return cls(
-            arrival, prompt, np.maximum(prompt - cached, 1), output - 1, prompt + 1,
-            np.argsort(arrival, kind="stable"), costs, params, layout.chunk_budget_tokens,
-            np.random.default_rng(seed) if noise_sigma > 0 else None, noise_sigma, {} if record else None,
-        )  # fmt: skip
+            arrival,
+            prompt,
+            np.maximum(prompt - cached, 1),
+            output - 1,
+            prompt + 1,
+            np.argsort(arrival, kind="stable"),
+            costs,
+            params,
+            layout.chunk_budget_tokens,
+            np.random.default_rng(seed) if noise_sigma > 0 else None,
+            noise_sigma,
+            {} if record else None,
+        )
 
     def __post_init__(self) -> None:
         n = self.n
@@ -565,11 +610,21 @@ class _Run:
             self.steps[pool] = log
         return [
             _run_worker(
-                role, entries, self.prefill_need, self.context_at_decode, self.decode_need, self.costs.step,
-                self.params, self.chunk_budget_tokens, self.rng, self.noise_sigma, log, w,
+                role,
+                entries,
+                self.prefill_need,
+                self.context_at_decode,
+                self.decode_need,
+                self.costs.step,
+                self.params,
+                self.chunk_budget_tokens,
+                self.rng,
+                self.noise_sigma,
+                log,
+                w,
             )
             for w, entries in enumerate(entries_by_worker)
-        ]  # fmt: skip
+        ]
 
     def keep_decode_steps(self, outs: list[_WorkerOut]) -> None:
         for w, out in enumerate(outs):
@@ -636,11 +691,14 @@ def _record(run: _Run, result: SimResult, e2e: np.ndarray) -> None:
         ends = run.decode_step_ends[int(run.decode_worker[request])][span[0] : span[1] + 1]
         gaps_all[request] = np.diff(ends, prepend=run.first_token[request])
         result.itl_p50_s[request] = np.median(gaps_all[request])
-    decode_start = np.array([
-        run.decode_step_starts[int(run.decode_worker[r])][run.decode_span[r][0]] if r in run.decode_span
-        else run.first_token[r]
-        for r in range(run.n)
-    ])  # fmt: skip
+    decode_start = np.array(
+        [
+            run.decode_step_starts[int(run.decode_worker[r])][run.decode_span[r][0]]
+            if r in run.decode_span
+            else run.first_token[r]
+            for r in range(run.n)
+        ]
+    )
     result.timeline = {
         "arrival_s": run.arrival,
         "prefill_start_s": run.prefill_start,

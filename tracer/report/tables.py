@@ -47,13 +47,20 @@ class _RequestKeys:
 
 
 _OUR_REQUEST_KEYS = _RequestKeys(
-    s.ATTR_INPUT_TOKENS, s.ATTR_OUTPUT_TOKENS, s.ATTR_TTFT_S,
-    (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S), "",
-)  # fmt: skip
+    s.ATTR_INPUT_TOKENS,
+    s.ATTR_OUTPUT_TOKENS,
+    s.ATTR_TTFT_S,
+    (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S),
+    "",
+)
 # vLLM's span names no mode: the sidecar's stage spans carry its `--mode` (else colocated, `_request_table`).
 _VLLM_REQUEST_KEYS = _RequestKeys(
-    vllm.ATTR_PROMPT_TOKENS, vllm.ATTR_COMPLETION_TOKENS, vllm.ATTR_TTFT, ("", "", ""), "",
-)  # fmt: skip
+    vllm.ATTR_PROMPT_TOKENS,
+    vllm.ATTR_COMPLETION_TOKENS,
+    vllm.ATTR_TTFT,
+    ("", "", ""),
+    "",
+)
 POOLS = tuple(Pool)
 
 
@@ -386,9 +393,15 @@ def _join_disaggregated_halves(one: tuple, other: tuple) -> tuple:
     decode_ttft_s = decode[5]
     ttft_s = (decode[0] - start_ns) / 1e9 + decode_ttft_s if not np.isnan(decode_ttft_s) else prefill[5]
     return (
-        start_ns, max(prefill[1], decode[1]), max(prefill[2], decode[2]), decode[3], prefill[4] or decode[4],
-        ttft_s, *decode[6:9], Mode.DISAGGREGATED,
-    )  # fmt: skip
+        start_ns,
+        max(prefill[1], decode[1]),
+        max(prefill[2], decode[2]),
+        decode[3],
+        prefill[4] or decode[4],
+        ttft_s,
+        *decode[6:9],
+        Mode.DISAGGREGATED,
+    )
 
 
 def _pool_worker(span: Span, where: str, workers: dict[str, set[str]]) -> tuple[str, str]:

@@ -54,31 +54,95 @@ VLLM = (
     FamilyMap("vllm:num_requests_waiting", "splitscope_requests_waiting", GAUGE, _W),
     FamilyMap("vllm:num_requests_running", "splitscope_requests_running", GAUGE, _W),
     FamilyMap("vllm:kv_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),
-    FamilyMap("vllm:gpu_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),  # vLLM < 0.10
+    FamilyMap(
+        "vllm:gpu_cache_usage_perc", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"
+    ),  # vLLM < 0.10
     FamilyMap("vllm:prefix_cache_queries", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("vllm:prefix_cache_hits", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
     # Prefill tokens computed, cache hits and pulled KV excluded, counted per step as our workers count them
     # (vLLM >= 0.2x: prompt_tokens_by_source{source="local_compute"}); older vLLM: every prompt token.
-    FamilyMap("vllm:prompt_tokens_by_source", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, {"source": "local_compute"}),
-    FamilyMap("vllm:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, unless="vllm:prompt_tokens_by_source"),
+    FamilyMap(
+        "vllm:prompt_tokens_by_source",
+        "splitscope_tokens",
+        COUNTER,
+        ("pool", "phase"),
+        {"phase": "prefill"},
+        {"source": "local_compute"},
+    ),
+    FamilyMap(
+        "vllm:prompt_tokens",
+        "splitscope_tokens",
+        COUNTER,
+        ("pool", "phase"),
+        {"phase": "prefill"},
+        unless="vllm:prompt_tokens_by_source",
+    ),
     FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
     FamilyMap("vllm:iteration_tokens_total", STEP_TOKENS, HISTOGRAM, ("pool",)),
     FamilyMap("vllm:num_preemptions", PREEMPTIONS, COUNTER, ("pool",)),
-    FamilyMap("vllm:request_success", REQUESTS_FINISHED, COUNTER, ("pool", "reason"), copy={"reason": "finished_reason"}),
-    FamilyMap("vllm:request_queue_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "queue"}),
-    FamilyMap("vllm:request_prefill_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "prefill"}),
-    FamilyMap("vllm:request_decode_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "decode"}),
+    FamilyMap(
+        "vllm:request_success", REQUESTS_FINISHED, COUNTER, ("pool", "reason"), copy={"reason": "finished_reason"}
+    ),
+    FamilyMap(
+        "vllm:request_queue_time_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "queue"},
+    ),
+    FamilyMap(
+        "vllm:request_prefill_time_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "prefill"},
+    ),
+    FamilyMap(
+        "vllm:request_decode_time_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "decode"},
+    ),
     FamilyMap("vllm:inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
     FamilyMap("vllm:time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ),
-    FamilyMap("vllm:request_time_per_output_token_seconds", "gen_ai_server_time_per_output_token_seconds", HISTOGRAM, _REQ),
+    FamilyMap(
+        "vllm:request_time_per_output_token_seconds", "gen_ai_server_time_per_output_token_seconds", HISTOGRAM, _REQ
+    ),
     FamilyMap("vllm:e2e_request_latency_seconds", "gen_ai_server_request_duration_seconds", HISTOGRAM, _REQ),
     # NIXL KV connector (disaggregated vLLM): per transfer, pooled per instance, not per request.
-    FamilyMap("vllm:nixl_xfer_time_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "kv_transfer"}),
-    FamilyMap("vllm:nixl_bytes_transferred", "splitscope_kv_transfer_bytes", COUNTER, _KV, _TRANSFER, from_sample="sum"),
-    FamilyMap("vllm:nixl_num_failed_transfers", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "nixl_transfer_failed"}),
-    FamilyMap("vllm:nixl_num_failed_notifications", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "nixl_notification_failed"}),
-    FamilyMap("vllm:nixl_num_kv_expired_reqs", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "nixl_kv_expired"}),
-)  # fmt: skip
+    FamilyMap(
+        "vllm:nixl_xfer_time_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "kv_transfer"},
+    ),
+    FamilyMap(
+        "vllm:nixl_bytes_transferred", "splitscope_kv_transfer_bytes", COUNTER, _KV, _TRANSFER, from_sample="sum"
+    ),
+    FamilyMap(
+        "vllm:nixl_num_failed_transfers",
+        "splitscope_kv_transfer_failures",
+        COUNTER,
+        ("reason",),
+        {"reason": "nixl_transfer_failed"},
+    ),
+    FamilyMap(
+        "vllm:nixl_num_failed_notifications",
+        "splitscope_kv_transfer_failures",
+        COUNTER,
+        ("reason",),
+        {"reason": "nixl_notification_failed"},
+    ),
+    FamilyMap(
+        "vllm:nixl_num_kv_expired_reqs",
+        "splitscope_kv_transfer_failures",
+        COUNTER,
+        ("reason",),
+        {"reason": "nixl_kv_expired"},
+    ),
+)
 
 _STAGE = ("stage", "pool")
 SGLANG = (
@@ -90,12 +154,54 @@ SGLANG = (
     FamilyMap("sglang:prompt_tokens", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("sglang:cached_tokens", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
     # Per-stage request latency: SGLang's stage marks -> our stages (prefill side and decode side).
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "queue"}, {"stage": "prefill_waiting"}),
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "queue"}, {"stage": "decode_waiting"}),
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "prefill"}, {"stage": "prefill_forward"}),
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "kv_transfer"}, {"stage": "prefill_transfer_kv_cache"}),
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "kv_transfer"}, {"stage": "decode_transferred"}),
-    FamilyMap("sglang:per_stage_req_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, _STAGE, {"stage": "decode"}, {"stage": "decode_loop"}),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "queue"},
+        {"stage": "prefill_waiting"},
+    ),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "queue"},
+        {"stage": "decode_waiting"},
+    ),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "prefill"},
+        {"stage": "prefill_forward"},
+    ),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "kv_transfer"},
+        {"stage": "prefill_transfer_kv_cache"},
+    ),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "kv_transfer"},
+        {"stage": "decode_transferred"},
+    ),
+    FamilyMap(
+        "sglang:per_stage_req_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        _STAGE,
+        {"stage": "decode"},
+        {"stage": "decode_loop"},
+    ),
     FamilyMap("sglang:inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
     FamilyMap("sglang:time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ),
     FamilyMap("sglang:time_per_output_token_seconds", "gen_ai_server_time_per_output_token_seconds", HISTOGRAM, _REQ),
@@ -107,24 +213,67 @@ SGLANG = (
     FamilyMap("sglang:num_decode_prealloc_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
     FamilyMap("sglang:num_decode_transfer_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
     # Per-transfer KV size histogram (SGLang 2026; the older last-value gauge has no sum to count): MiB.
-    FamilyMap("sglang:kv_transfer_total_mb", "splitscope_kv_transfer_bytes", COUNTER, _KV, _TRANSFER, from_sample="sum", scale=2.0**20),
-    FamilyMap("sglang:num_transfer_failed_reqs", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "sglang_transfer_failed"}),
-    FamilyMap("sglang:num_bootstrap_failed_reqs", "splitscope_kv_transfer_failures", COUNTER, ("reason",), {"reason": "sglang_bootstrap_failed"}),
-)  # fmt: skip
+    FamilyMap(
+        "sglang:kv_transfer_total_mb",
+        "splitscope_kv_transfer_bytes",
+        COUNTER,
+        _KV,
+        _TRANSFER,
+        from_sample="sum",
+        scale=2.0**20,
+    ),
+    FamilyMap(
+        "sglang:num_transfer_failed_reqs",
+        "splitscope_kv_transfer_failures",
+        COUNTER,
+        ("reason",),
+        {"reason": "sglang_transfer_failed"},
+    ),
+    FamilyMap(
+        "sglang:num_bootstrap_failed_reqs",
+        "splitscope_kv_transfer_failures",
+        COUNTER,
+        ("reason",),
+        {"reason": "sglang_bootstrap_failed"},
+    ),
+)
 
 DYNAMO = (
     FamilyMap("dynamo_frontend_queued_requests", "splitscope_requests_waiting", GAUGE, _W),
-    FamilyMap("dynamo_frontend_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ),
+    FamilyMap(
+        "dynamo_frontend_time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ
+    ),
     FamilyMap("dynamo_frontend_request_duration_seconds", "gen_ai_server_request_duration_seconds", HISTOGRAM, _REQ),
-    FamilyMap("dynamo_frontend_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
-    FamilyMap("dynamo_frontend_input_sequence_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}, from_sample="sum"),
+    FamilyMap(
+        "dynamo_frontend_inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)
+    ),
+    FamilyMap(
+        "dynamo_frontend_input_sequence_tokens",
+        "splitscope_tokens",
+        COUNTER,
+        ("pool", "phase"),
+        {"phase": "prefill"},
+        from_sample="sum",
+    ),
     FamilyMap("dynamo_frontend_output_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
     # Disaggregated: prefill result at the router until the decode worker's first token, an upper bound on
     # the transfer (dispatch, network, transfer, one decode pass). Router's name, and the frontend's.
-    FamilyMap("dynamo_component_router_kv_transfer_estimated_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "kv_transfer"}),
-    FamilyMap("dynamo_frontend_kv_transfer_estimated_latency_seconds", "splitscope_stage_duration_seconds", HISTOGRAM, ("stage", "pool"), {"stage": "kv_transfer"},
-              unless="dynamo_component_router_kv_transfer_estimated_latency_seconds"),
-)  # fmt: skip
+    FamilyMap(
+        "dynamo_component_router_kv_transfer_estimated_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "kv_transfer"},
+    ),
+    FamilyMap(
+        "dynamo_frontend_kv_transfer_estimated_latency_seconds",
+        "splitscope_stage_duration_seconds",
+        HISTOGRAM,
+        ("stage", "pool"),
+        {"stage": "kv_transfer"},
+        unless="dynamo_component_router_kv_transfer_estimated_latency_seconds",
+    ),
+)
 
 ENGINES: dict[str, tuple[FamilyMap, ...]] = {"vllm": VLLM, "sglang": SGLANG, "dynamo": DYNAMO}
 # The label that names the model, per engine; the label that tells engine cores apart inside one scrape.

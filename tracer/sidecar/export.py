@@ -173,8 +173,9 @@ class SpanExport:
         self.metrics.record_many(metered)
         return out
 
-    def _add_stage(self, stage: s.SpanData | None, meter: bool, out: list[s.SpanData],
-                   metered: list[s.SpanData]) -> None:  # fmt: skip
+    def _add_stage(
+        self, stage: s.SpanData | None, meter: bool, out: list[s.SpanData], metered: list[s.SpanData]
+    ) -> None:
         """The stage span an adapter made from one engine span, if any: exported, fed to the overlap
         classifier, and metered when `meter`."""
         if stage is None:

@@ -124,8 +124,11 @@ class LineEncoder:
         head = (
             f'{{"traceId":"{trace_hex}","spanId":"{d.span_id:016x}",'
             + (f'"parentSpanId":"{parent:016x}","flags":768,' if parent else '"flags":256,')
-            + '"name":' + name + ',"kind":' + (str(kind) if 1 <= kind <= 5 else "1")
-        )  # fmt: skip
+            + '"name":'
+            + name
+            + ',"kind":'
+            + (str(kind) if 1 <= kind <= 5 else "1")
+        )
         if d.start_ns:  # proto3 JSON leaves zero values out
             head += f',"startTimeUnixNano":"{d.start_ns}"'
         if d.end_ns:

@@ -130,9 +130,30 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
     show_default=True,
     help="Spans waiting for their trace's decision; past it the oldest trace is decided at once.",
 )
-def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, traces_file, metrics_port, pool, worker,
-                    mode, model, scrape, scrape_timeout, max_queued_spans, max_body_bytes, overlap_hold, no_gpu, sample_rate,
-                    keep_violations, decision_timeout, max_buffered_spans) -> None:  # fmt: skip
+def sidecar_command(
+    host,
+    http_port,
+    grpc_port,
+    no_http,
+    no_grpc,
+    unix_socket,
+    traces_file,
+    metrics_port,
+    pool,
+    worker,
+    mode,
+    model,
+    scrape,
+    scrape_timeout,
+    max_queued_spans,
+    max_body_bytes,
+    overlap_hold,
+    no_gpu,
+    sample_rate,
+    keep_violations,
+    decision_timeout,
+    max_buffered_spans,
+) -> None:
     """Receive telemetry beside a serving engine (OTLP, vLLM spans, our workers' records) and emit splitscope's."""
     from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 
@@ -145,12 +166,27 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
             f"OTEL_EXPORTER_OTLP_ENDPOINT={loop_endpoint} points at this sidecar (an export loop)"
         )
     config = SidecarConfig(
-        host=host, http_port=None if no_http else http_port, grpc_port=None if no_grpc else grpc_port,
-        unix_socket=unix_socket, traces_file=traces_file, metrics_port=metrics_port, pool=pool, worker=worker,
-        mode=mode, model=model, scrape=targets, scrape_timeout_s=scrape_timeout, max_queued_spans=max_queued_spans,
-        max_body_bytes=max_body_bytes, gpu=not no_gpu, overlap_hold_s=overlap_hold, sample_rate=sample_rate,
-        keep_violations=keep_violations, decision_timeout_s=decision_timeout, max_buffered_spans=max_buffered_spans,
-    )  # fmt: skip
+        host=host,
+        http_port=None if no_http else http_port,
+        grpc_port=None if no_grpc else grpc_port,
+        unix_socket=unix_socket,
+        traces_file=traces_file,
+        metrics_port=metrics_port,
+        pool=pool,
+        worker=worker,
+        mode=mode,
+        model=model,
+        scrape=targets,
+        scrape_timeout_s=scrape_timeout,
+        max_queued_spans=max_queued_spans,
+        max_body_bytes=max_body_bytes,
+        gpu=not no_gpu,
+        overlap_hold_s=overlap_hold,
+        sample_rate=sample_rate,
+        keep_violations=keep_violations,
+        decision_timeout_s=decision_timeout,
+        max_buffered_spans=max_buffered_spans,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -159,10 +195,12 @@ def sidecar_command(host, http_port, grpc_port, no_http, no_grpc, unix_socket, t
     except (OSError, RuntimeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     tune_gc_for_ingest()  # only once it runs: a sidecar that failed to start leaves the process as it was
-    listening = [f"otlp/http {host}:{sidecar.http_port}" if sidecar.http_port else "",
-                 f"otlp/grpc {host}:{sidecar.grpc_port}" if sidecar.grpc_port else "",
-                 f"unix {unix_socket}" if unix_socket else "",
-                 f"metrics {host}:{sidecar.metrics_port}" if sidecar.metrics_port else ""]  # fmt: skip
+    listening = [
+        f"otlp/http {host}:{sidecar.http_port}" if sidecar.http_port else "",
+        f"otlp/grpc {host}:{sidecar.grpc_port}" if sidecar.grpc_port else "",
+        f"unix {unix_socket}" if unix_socket else "",
+        f"metrics {host}:{sidecar.metrics_port}" if sidecar.metrics_port else "",
+    ]
     click.echo("splitscope sidecar listening: " + ", ".join(x for x in listening if x), err=True)
     try:
         stop.wait()

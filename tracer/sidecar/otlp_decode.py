@@ -84,12 +84,17 @@ def _span(raw: Any) -> SpanData:
     if status is not None and int(status.code or 0) == STATUS_ERROR:
         error_type = str(attributes.pop(ATTR_ERROR_TYPE, "") or status.message or "error")
     return SpanData(
-        name=name, kind=int(raw.kind or 0) or 1, trace_id=int.from_bytes(trace_id, "big"),
-        span_id=int.from_bytes(span_id, "big"), parent_span_id=int.from_bytes(parent, "big") if parent else 0,
-        start_ns=start_ns, end_ns=end_ns, attributes=attributes,
+        name=name,
+        kind=int(raw.kind or 0) or 1,
+        trace_id=int.from_bytes(trace_id, "big"),
+        span_id=int.from_bytes(span_id, "big"),
+        parent_span_id=int.from_bytes(parent, "big") if parent else 0,
+        start_ns=start_ns,
+        end_ns=end_ns,
+        attributes=attributes,
         events=[(e.name or "", int(e.time_unix_nano or 0), _attributes(e.attributes)) for e in raw.events],
         error_type=error_type,
-    )  # fmt: skip
+    )
 
 
 def _attributes(key_values: Any) -> dict[str, Any]:

@@ -110,9 +110,11 @@ def _export_answer(content_type: str, rejected: int, message: str = "", status: 
         response.partial_success.rejected_spans = rejected
         response.partial_success.error_message = message
     if content_type == JSON:
-        body = "{}" if not (rejected or message) else (
-            '{"partialSuccess":{"rejectedSpans":"%d","errorMessage":%s}}' % (rejected, _json_str(message))
-        )  # fmt: skip
+        body = (
+            "{}"
+            if not (rejected or message)
+            else ('{"partialSuccess":{"rejectedSpans":"%d","errorMessage":%s}}' % (rejected, _json_str(message)))
+        )
         return web.Response(status=status, text=body, content_type=JSON)
     return web.Response(status=status, body=response.SerializeToString(), content_type=PROTOBUF)
 

@@ -293,11 +293,15 @@ class _PoolMetrics:
             return family.labels(pool=pool, prefill_overlap="true"), family.labels(pool=pool, prefill_overlap="false")
 
         return cls(
-            *both(c.decode_tpot), *both(c.decode_classified_steps), *both(c.decode_classified_seconds),
-            c.overlap_prefill_steps.labels(pool=pool), c.overlap_prefill_seconds.labels(pool=pool),
-            c.overlap_prefill_tokens.labels(pool=pool), c.overlap_late_prefills.labels(pool=pool),
+            *both(c.decode_tpot),
+            *both(c.decode_classified_steps),
+            *both(c.decode_classified_seconds),
+            c.overlap_prefill_steps.labels(pool=pool),
+            c.overlap_prefill_seconds.labels(pool=pool),
+            c.overlap_prefill_tokens.labels(pool=pool),
+            c.overlap_late_prefills.labels(pool=pool),
             c.overlap_unclassified.labels(pool=pool),
-        )  # fmt: skip
+        )
 
 
 def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:

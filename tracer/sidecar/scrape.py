@@ -137,9 +137,10 @@ def _series_labels(sample: Sample) -> dict[str, str]:
 
 def _accumulate(target: _Target, family: Metric, m: FamilyMap, config: dict[str, str]) -> None:
     matched = [
-        sample for sample in family.samples
+        sample
+        for sample in family.samples
         if all(sample.labels.get(k) == v for k, v in m.match.items()) and not sample.name.endswith("_created")
-    ]  # fmt: skip
+    ]
     if m.kind in (GAUGE, COUNTER):
         wanted = family.name + (
             "_" + m.from_sample if m.from_sample else ("_total" if family.type == "counter" else "")

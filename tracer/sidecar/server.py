@@ -94,23 +94,33 @@ class Sidecar:
         self.queue = IngestQueue(config.max_queued_spans, self._count_drop)
         scraped_engines = {engine for engine, _ in config.scrape}
         self.scrapers = [
-            EngineScraper(url, engine, pool=config.pool, worker=config.worker, mode=config.mode,
-                          timeout_s=config.scrape_timeout_s)
+            EngineScraper(
+                url, engine, pool=config.pool, worker=config.worker, mode=config.mode, timeout_s=config.scrape_timeout_s
+            )
             for engine, url in config.scrape
-        ]  # fmt: skip
+        ]
         self.exposed_registry = merged_registry(self.registry, self.scrapers)
         self.export = SpanExport(
-            self.queue, MetricsRecorder(self.catalogue), traces_file=config.traces_file,
-            processors=span_processors(None, config.environ, on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n),
-                                       on_export_failed=lambda n: self._count_drop(DropReason.EXPORT_FAILED, n)),
+            self.queue,
+            MetricsRecorder(self.catalogue),
+            traces_file=config.traces_file,
+            processors=span_processors(
+                None,
+                config.environ,
+                on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n),
+                on_export_failed=lambda n: self._count_drop(DropReason.EXPORT_FAILED, n),
+            ),
             vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(config.model)),
             # One source per engine: when vLLM's /metrics is scraped, its families come from there.
             vllm_span_metrics="vllm" not in scraped_engines,
-            sglang=SglangAdapter(pool=config.pool, worker=config.worker), sglang_span_metrics="sglang" not in scraped_engines,
-            on_error=self._count_drop, tail_sampler=self._tail_sampler(config),
-            overlap=OverlapClassifier(self.catalogue, hold_s=config.overlap_hold_s,
-                                      prefill_in_one_step=config.mode != Mode.CHUNKED),
-        )  # fmt: skip
+            sglang=SglangAdapter(pool=config.pool, worker=config.worker),
+            sglang_span_metrics="sglang" not in scraped_engines,
+            on_error=self._count_drop,
+            tail_sampler=self._tail_sampler(config),
+            overlap=OverlapClassifier(
+                self.catalogue, hold_s=config.overlap_hold_s, prefill_in_one_step=config.mode != Mode.CHUNKED
+            ),
+        )
         self.unix: UnixIngestServer | None = None
         self.grpc_server = None
         self.http_port: int | None = None
@@ -133,11 +143,15 @@ class Sidecar:
             dropped_spans.inc(dropped)
 
         return TailSampler(
-            1.0 if config.sample_rate is None else config.sample_rate, keep_violations=config.keep_violations,
-            decision_timeout_s=config.decision_timeout_s, max_buffered_spans=config.max_buffered_spans,
+            1.0 if config.sample_rate is None else config.sample_rate,
+            keep_violations=config.keep_violations,
+            decision_timeout_s=config.decision_timeout_s,
+            max_buffered_spans=config.max_buffered_spans,
             on_spans=on_spans,
-            on_decision=lambda keep, trigger: traces.labels(decision="kept" if keep else "dropped", trigger=trigger).inc(),
-        )  # fmt: skip
+            on_decision=lambda keep, trigger: traces.labels(
+                decision="kept" if keep else "dropped", trigger=trigger
+            ).inc(),
+        )
 
     def start(self) -> Sidecar:
         config = self.config

@@ -66,8 +66,13 @@ class SglangAdapter:
             return None
         made.add(name)
         return s.SpanData(
-            name=name, kind=s.KIND_INTERNAL, trace_id=span.trace_id, span_id=s.new_span_id(),
-            parent_span_id=span.parent_span_id, start_ns=span.start_ns, end_ns=span.end_ns,
+            name=name,
+            kind=s.KIND_INTERNAL,
+            trace_id=span.trace_id,
+            span_id=s.new_span_id(),
+            parent_span_id=span.parent_span_id,
+            start_ns=span.start_ns,
+            end_ns=span.end_ns,
             attributes={s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST},
             error_type=span.error_type,
-        )  # fmt: skip
+        )

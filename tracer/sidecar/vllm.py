@@ -89,8 +89,9 @@ class ModelNames:
             log.warning(
                 "splitscope sidecar: vLLM's spans name no model; request metrics get model %r "
                 "(pass --model, --scrape vllm=URL, or OTEL_RESOURCE_ATTRIBUTES=%s=NAME)",
-                MODEL_UNKNOWN, s.ATTR_MODEL,
-            )  # fmt: skip
+                MODEL_UNKNOWN,
+                s.ATTR_MODEL,
+            )
         return MODEL_UNKNOWN
 
 
@@ -132,8 +133,12 @@ class VllmAdapter:
     def _common(self) -> dict[str, Any]:
         # The mode too: vLLM's spans do not say whether the engine runs chunked prefill, and the report
         # estimates a chunked engine's gaps differently (tracer/report/estimate.py).
-        return {s.ATTR_POOL: self.pool, s.ATTR_WORKER: self.worker, s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
-                s.ATTR_MODE: self.mode}  # fmt: skip
+        return {
+            s.ATTR_POOL: self.pool,
+            s.ATTR_WORKER: self.worker,
+            s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
+            s.ATTR_MODE: self.mode,
+        }
 
     def stage_spans(self, span: s.SpanData) -> list[s.SpanData]:
         """The stage spans under `span` (exported and metered), in stage order; missing stages skipped."""
@@ -200,7 +205,7 @@ class VllmAdapter:
                     end_ns=max(start_ns, end_ns),
                     attributes=stage_attrs,
                     error_type=span.error_type if name == s.SPAN_DECODE else "",
-                )  # fmt: skip
+                )
             )
         return out
 
@@ -210,10 +215,16 @@ class VllmAdapter:
         if not self.lifecycle.claim(span.trace_id, "lifecycle"):
             return None
         return s.SpanData(
-            name=LIFECYCLE_STAGES[span.name], kind=s.KIND_INTERNAL, trace_id=span.trace_id,
-            span_id=s.new_span_id(), parent_span_id=span.parent_span_id, start_ns=span.start_ns,
-            end_ns=span.end_ns, attributes=self._common(), error_type=span.error_type,
-        )  # fmt: skip
+            name=LIFECYCLE_STAGES[span.name],
+            kind=s.KIND_INTERNAL,
+            trace_id=span.trace_id,
+            span_id=s.new_span_id(),
+            parent_span_id=span.parent_span_id,
+            start_ns=span.start_ns,
+            end_ns=span.end_ns,
+            attributes=self._common(),
+            error_type=span.error_type,
+        )
 
     def request_metrics_span(self, span: s.SpanData, resource: dict[str, Any] | None = None) -> s.SpanData:
         """A metrics-only SERVER span shaped like our root span, for gen_ai_server_* (never exported)."""
@@ -228,10 +239,17 @@ class VllmAdapter:
         if ttft_s is not None:
             metric_attrs[s.ATTR_TTFT_S] = ttft_s
         return s.SpanData(
-            name=span.name, kind=s.KIND_SERVER, trace_id=span.trace_id, span_id=span.span_id,
-            parent_span_id=span.parent_span_id, start_ns=span.start_ns, end_ns=span.start_ns + _ns(e2e_s),
-            attributes=metric_attrs, error_type=span.error_type, sampled=False,
-        )  # fmt: skip
+            name=span.name,
+            kind=s.KIND_SERVER,
+            trace_id=span.trace_id,
+            span_id=span.span_id,
+            parent_span_id=span.parent_span_id,
+            start_ns=span.start_ns,
+            end_ns=span.start_ns + _ns(e2e_s),
+            attributes=metric_attrs,
+            error_type=span.error_type,
+            sampled=False,
+        )
 
 
 def _ns(seconds: float) -> int:

@@ -35,9 +35,20 @@ MAX_RECORDS_PER_FRAME = 2048
 _U64_MASK = (1 << 64) - 1
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 _Record = tuple[
-    str, int, _NonNegative, _NonNegative, _NonNegative, _NonNegative, _NonNegative, _NonNegative,
-    dict[str, Any], list[tuple[str, int, dict[str, Any]]], str, dict[str, list[float]], bool,
-]  # fmt: skip
+    str,
+    int,
+    _NonNegative,
+    _NonNegative,
+    _NonNegative,
+    _NonNegative,
+    _NonNegative,
+    _NonNegative,
+    dict[str, Any],
+    list[tuple[str, int, dict[str, Any]]],
+    str,
+    dict[str, list[float]],
+    bool,
+]
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(list[_Record]).decode
 
@@ -99,7 +110,7 @@ def encode_frame(batch: Sequence[SpanData]) -> bytes:
                 d.sampled,
             )
             for d in batch
-        ]  # fmt: skip
+        ]
     )
     return FRAME_HEADER.pack(len(payload)) + payload
 
