@@ -23,9 +23,10 @@ _HTTP_TIMEOUT_S = 10.0
 class BackgroundLoad:
     """`run_load(config)` on its own thread and event loop, so a test can watch Prometheus meanwhile.
 
-    `start()` returns at once. `stop()` (any thread) ends the schedule early: nothing more is sent, requests
-    in flight finish (each bounded by `config.timeout_s`). `join()` blocks until the run is over and returns
-    its LoadResult, re-raising whatever the run raised.
+    `start()` returns at once. `stop()` (any thread) ends the run early: nothing more is sent, and requests
+    still in flight are cancelled (recorded as `cancelled`, neither ok nor errors) rather than awaited, so a
+    test that has seen what it waited for does not sit out a queue of long answers. `join()` blocks until
+    the run is over and returns its LoadResult, re-raising whatever the run raised.
     """
 
     def __init__(self, config: LoadConfig) -> None:
@@ -34,6 +35,7 @@ class BackgroundLoad:
         self._error: Exception | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
+        self._cancel: asyncio.Event | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="e2e-load", daemon=True)
 
@@ -44,9 +46,9 @@ class BackgroundLoad:
 
     def _run(self) -> None:
         async def main() -> LoadResult:
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            self._loop, self._stop, self._cancel = asyncio.get_running_loop(), asyncio.Event(), asyncio.Event()
             self._ready.set()
-            return await run_load(self.config, stop=self._stop)
+            return await run_load(self.config, stop=self._stop, cancel=self._cancel)
 
         try:
             self.result = asyncio.run(main())
@@ -56,9 +58,11 @@ class BackgroundLoad:
             self._ready.set()
 
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+        loop, stop, cancel = self._loop, self._stop, self._cancel
+        if loop is not None and stop is not None and cancel is not None and not loop.is_closed():
             try:
-                self._loop.call_soon_threadsafe(self._stop.set)
+                loop.call_soon_threadsafe(stop.set)
+                loop.call_soon_threadsafe(cancel.set)
             except RuntimeError:
                 pass  # the loop closed between the check and the call: the run is over anyway
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,9 +17,11 @@ from tracer.load import (
     LengthSpec,
     LoadConfig,
     LoadResult,
+    RunProgress,
+    run_load,
     run_load_sync,
 )
-from tracer.load.client import OK, SKIPPED
+from tracer.load.client import CANCELLED, OK, SKIPPED
 
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
 # How far a server-side receive time may stray from the schedule on a busy 2-core test machine.
@@ -187,6 +191,45 @@ def test_max_inflight_cap_skips_and_counts_instead_of_delaying(fake_server, tmp_
     assert [r.error_kind for r in result.records[2:4]] == ["inflight_cap"] * 2
     assert all(r.sent_s is None for r in result.records[2:4])
     assert result.summary.skipped_inflight_cap == 2 and result.summary.sent == 3
+    assert len(fake_server.received) == 3
+
+
+def test_cancel_ends_the_requests_in_flight_at_once_and_counts_them_apart(fake_server, tmp_path) -> None:
+    # One answer completes; two stall until the server stops, far past anything the test waits for; the
+    # last arrival comes after the stop and is never sent.
+    rows = [[0.0, 4, 3, "s0"], [0.0, 4, 3, "stall"], [0.01, 4, 3, "stall"], [30.0, 4, 3, "s1"]]
+    timeout_s = 60.0
+    config = LoadConfig(
+        url=fake_server.url,
+        model="m",
+        replay_path=_replay(tmp_path, rows),
+        timeout_s=timeout_s,
+        slo=ClientSLO(ttft_s=1.0),
+        seed=8,
+    )
+
+    async def stop_with_requests_in_flight() -> tuple[LoadResult, float]:
+        stop, cancel, progress = asyncio.Event(), asyncio.Event(), RunProgress()
+        run = asyncio.create_task(run_load(config, progress=progress, stop=stop, cancel=cancel))
+        deadline = time.monotonic() + 10
+        while not (progress.ok == 1 and progress.inflight == 2):
+            assert time.monotonic() < deadline and not run.done(), "the first three requests never got under way"
+            await asyncio.sleep(0.01)
+        stop.set()
+        cancel.set()
+        stopped = time.monotonic()
+        result = await run
+        return result, time.monotonic() - stopped
+
+    result, after_stop_s = asyncio.run(stop_with_requests_in_flight())
+
+    assert after_stop_s < timeout_s / 4  # it did not wait for the stalled answers (nor their timeout)
+    assert result.stopped_early and [r.status for r in result.records] == [OK, CANCELLED, CANCELLED]
+    for record in result.records[1:]:
+        assert record.sent_s is not None and record.error_kind is None and record.e2e_s is None
+    summary = result.summary
+    assert (summary.scheduled, summary.sent, summary.ok, summary.errors, summary.cancelled) == (3, 3, 1, 0, 2)
+    assert summary.attainment == 1.0  # the cancelled two are not judged: the run, not the server, ended them
     assert len(fake_server.received) == 3
 
 

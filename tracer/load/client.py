@@ -38,6 +38,7 @@ ERROR_KINDS = (HTTP_4XX, HTTP_5XX, CONNECT, STREAM_CLOSED, TIMEOUT, BAD_EVENT)
 OK = "ok"
 ERROR = "error"
 SKIPPED = "skipped"
+CANCELLED = "cancelled"  # sent, then abandoned by the run itself (a stop that cancels requests in flight)
 
 _ERROR_BODY_BYTES = 300
 
@@ -89,6 +90,12 @@ class RequestMeasurement:
         self.error_kind = kind
         self.error_detail = detail[:_ERROR_BODY_BYTES]
 
+    def cancel(self) -> None:
+        """The run, not the server, ended this request: neither a success nor an error (no error kind)."""
+        self.status = CANCELLED
+        self.error_kind = None
+        self.error_detail = "cancelled: the run was stopped before the answer ended"
+
 
 class _StreamError(Exception):
     def __init__(self, kind: str, detail: str) -> None:
@@ -125,21 +132,30 @@ class CompletionClient:
     async def send(self, planned: PlannedRequest, prompt: str) -> RequestMeasurement:
         """Send one request and stream its answer to the end; returns its record (never raises on failure)."""
         record = RequestMeasurement.planned(planned)
+        await self.fill(record, prompt)
+        return record
+
+    async def fill(self, record: RequestMeasurement, prompt: str) -> None:
+        """Send the request `record` plans and stream its answer into `record` (never raises on failure).
+
+        Cancelling the calling task ends the request at once (the connection is closed): `record` then says
+        status `cancelled`, keeps what was measured until then, and the CancelledError propagates.
+        """
         record.trace_id, headers = new_traceparent()
         body = {
             "model": self._model,
             "prompt": prompt,
-            "max_tokens": planned.output_tokens,
+            "max_tokens": record.requested_output_tokens,
             # Fixed-length outputs: vLLM and SGLang honour these; other servers may ignore or reject them.
-            "min_tokens": planned.output_tokens,
+            "min_tokens": record.requested_output_tokens,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        if planned.session is not None:
-            body["user"] = planned.session
+        if record.session is not None:
+            body["user"] = record.session
         record.sent_s = self._clock()
-        record.lag_s = record.sent_s - planned.arrival_s
+        record.lag_s = record.sent_s - record.scheduled_s
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self._exchange(body, headers, record)
@@ -147,10 +163,13 @@ class CompletionClient:
             record.fail(TIMEOUT, f"no complete answer within {self._timeout_s:g} s")
         except _StreamError as exc:
             record.fail(exc.kind, str(exc))
-        record.output_tokens = record.usage_completion_tokens or record.output_chunks
+        except asyncio.CancelledError:
+            record.cancel()
+            raise
+        finally:
+            record.output_tokens = record.usage_completion_tokens or record.output_chunks
         if record.status == OK and record.ttft_s is not None and record.e2e_s is not None and record.output_tokens > 1:
             record.tpot_s = (record.e2e_s - record.ttft_s) / (record.output_tokens - 1)
-        return record
 
     async def _exchange(self, body: dict, headers: dict[str, str], record: RequestMeasurement) -> None:
         try:

@@ -57,6 +57,8 @@ def summary_tables(summary: Summary) -> RenderableType:
     counts.add_row("scheduled", str(summary.scheduled), "sent", str(summary.sent))
     counts.add_row("ok", str(summary.ok), "errors", str(summary.errors))
     counts.add_row("skipped (--max-inflight)", str(summary.skipped_inflight_cap), "wall", f"{summary.wall_s:.2f} s")
+    if summary.cancelled:
+        counts.add_row("cancelled (run stopped)", str(summary.cancelled))
     errors = ", ".join(f"{kind} {n}" for kind, n in summary.errors_by_kind.items() if n)
     if errors:
         counts.add_row("errors by kind", errors)
@@ -78,7 +80,8 @@ def summary_tables(summary: Summary) -> RenderableType:
     )
     outcome.add_row("SLO", slo_text)
     attainment = "-" if summary.attainment is None else f"{summary.attainment:.1%}"
-    outcome.add_row("attainment", f"{attainment} ({summary.slo_met}/{summary.scheduled} scheduled)")
+    judged = f"{summary.scheduled} scheduled" + (f" less {summary.cancelled} cancelled" if summary.cancelled else "")
+    outcome.add_row("attainment", f"{attainment} ({summary.slo_met}/{judged})")
     outcome.add_row("goodput", _rate(summary.goodput_rps, "req/s meeting the SLO"))
     outcome.add_row(
         "throughput",

@@ -4,7 +4,9 @@
 Python API the CLI, the demo and tests use. Arrivals are independent of responses: each request is its
 own task; if `max_inflight` requests are already in flight when one is due, that one is not sent and is
 counted (`skipped_inflight_cap`), so the schedule never slips because the server is slow. How far the
-client itself fell behind (event-loop or CPU saturation) is measured per request as `lag_s`.
+client itself fell behind (event-loop or CPU saturation) is measured per request as `lag_s`. A run can be
+stopped early (`stop`: nothing more is sent) and told not to wait for the answers still streaming
+(`cancel`: requests in flight are cancelled and recorded as `cancelled`).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from tracer.load.client import INFLIGHT_CAP, OK, CompletionClient, RequestMeasurement
+from tracer.load.client import CANCELLED, INFLIGHT_CAP, OK, CompletionClient, RequestMeasurement
 from tracer.load.config import LoadConfig
 from tracer.load.prompts import PromptFactory
 from tracer.load.results import LoadResult
@@ -38,6 +40,7 @@ class RunProgress:
     ok: int = 0
     errors: int = 0
     skipped: int = 0
+    cancelled: int = 0
     max_lag_s: float = 0.0
     recent_ttft_s: deque[float] = field(default_factory=lambda: deque(maxlen=256))
 
@@ -55,6 +58,8 @@ class RunProgress:
             self.ok += 1
             if record.ttft_s is not None:
                 self.recent_ttft_s.append(record.ttft_s)
+        elif record.status == CANCELLED:
+            self.cancelled += 1
         else:
             self.errors += 1
         if record.lag_s is not None:
@@ -62,7 +67,11 @@ class RunProgress:
 
 
 async def run_load(
-    config: LoadConfig, *, progress: RunProgress | None = None, stop: asyncio.Event | None = None
+    config: LoadConfig,
+    *,
+    progress: RunProgress | None = None,
+    stop: asyncio.Event | None = None,
+    cancel: asyncio.Event | None = None,
 ) -> LoadResult:
     """Run the load described by `config` to completion; returns every request's record and the summary.
 
@@ -71,6 +80,9 @@ async def run_load(
     `config.timeout_s`) and, for a `duration_s` run, not before the duration has elapsed.
     Setting `stop` (e.g. from a SIGINT handler) ends the schedule early: nothing more is sent, requests in
     flight finish, and the result covers the requests whose arrival came before the stop.
+    Setting `cancel` (with `stop`, or alone to cut the wait once the schedule has ended) cancels the
+    requests still in flight instead of waiting for them: each closes its connection, and its record says
+    status `cancelled` (neither ok nor an error: the run ended it, not the server).
     """
     config = config.with_seed()
     config.validate()
@@ -101,9 +113,11 @@ async def run_load(
         )
 
         async def send(planned: PlannedRequest) -> None:
-            record = await client.send(planned, prompts.prompt(planned))
-            records[planned.index] = record
-            progress.on_finished(record)
+            record = records[planned.index]
+            try:
+                await client.fill(record, prompts.prompt(planned))
+            finally:
+                progress.on_finished(record)
 
         inflight: set[asyncio.Task[None]] = set()
         reached = 0  # schedule entries whose arrival time came before any stop
@@ -125,7 +139,7 @@ async def run_load(
 
         stopped_early = reached < len(schedule)
         remaining_s = 0.0 if config.duration_s is None or stopped_early else config.duration_s - clock()
-        await asyncio.gather(*inflight, _stopped_within(stop, remaining_s))
+        await asyncio.gather(_drain(set(inflight), cancel), _stopped_within(stop, remaining_s))
         wall_s = clock()
     records = records[:reached]
     return LoadResult(
@@ -135,6 +149,25 @@ async def run_load(
         summary=summarize(records, config.slo, wall_s),
         stopped_early=stopped_early,
     )
+
+
+async def _drain(inflight: set[asyncio.Task[None]], cancel: asyncio.Event | None) -> None:
+    """Wait until every task of `inflight` has ended; once `cancel` is set, cancel those still running.
+
+    A task's exception is re-raised (a bug: a request records its own failures); a cancellation is not.
+    """
+    if cancel is not None and inflight:
+        all_ended = asyncio.create_task(asyncio.wait(inflight))
+        cancelled = asyncio.create_task(cancel.wait())
+        await asyncio.wait({all_ended, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        all_ended.cancel()
+        cancelled.cancel()
+        for task in inflight:
+            task.cancel()  # a no-op for the tasks that already ended
+    # A cancelled request ends at its next await (a socket read), so this wait is short.
+    for outcome in await asyncio.gather(*inflight, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 async def _stopped_within(stop: asyncio.Event | None, seconds: float) -> bool:

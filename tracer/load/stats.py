@@ -7,7 +7,8 @@ Definitions (all durations in seconds):
 - A request meets the SLO when it succeeded and each given objective holds: ttft_s <= slo.ttft_s,
   itl p99 <= slo.itl_s, tpot_s <= slo.tpot_s. An objective on a statistic the request lacks (no gaps
   for a one-token answer) holds vacuously. No objectives given: every successful request meets the SLO.
-- attainment = requests meeting the SLO / requests scheduled (failed and skipped ones count against it).
+- attainment = requests meeting the SLO / requests scheduled (failed and skipped ones count against it;
+  cancelled ones, ended by the run's own stop rather than by the server, are not judged).
 - goodput_rps = requests meeting the SLO / wall_s, where wall_s runs from the start of the run to the
   end of the last response (and, for a --duration run, at least to the end of the duration).
 """
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tracer.load.client import ERROR, ERROR_KINDS, OK, SKIPPED, RequestMeasurement
+from tracer.load.client import CANCELLED, ERROR, ERROR_KINDS, OK, SKIPPED, RequestMeasurement
 from tracer.load.config import ClientSLO
 
 PERCENTILES = (50, 90, 99)
@@ -53,6 +54,7 @@ class Summary:
     ok: int
     errors: int
     skipped_inflight_cap: int
+    cancelled: int  # sent, then cancelled by the run's stop (`run_load(cancel=...)`) before the answer ended
     errors_by_kind: dict[str, int]
     slo: dict[str, float | None]
     slo_met: int
@@ -86,6 +88,8 @@ def summarize(records: Sequence[RequestMeasurement], slo: ClientSLO, wall_s: flo
     sent = [r for r in records if r.sent_s is not None]
     kinds = Counter(r.error_kind for r in records if r.status == ERROR)
     slo_met = sum(meets_slo(r, slo) for r in records)
+    cancelled = sum(r.status == CANCELLED for r in records)
+    judged = len(records) - cancelled
     latency = {
         "ttft_s": Distribution.of(r.ttft_s for r in ok if r.ttft_s is not None),
         "tpot_s": Distribution.of(r.tpot_s for r in ok if r.tpot_s is not None),
@@ -99,10 +103,11 @@ def summarize(records: Sequence[RequestMeasurement], slo: ClientSLO, wall_s: flo
         ok=len(ok),
         errors=sum(kinds.values()),
         skipped_inflight_cap=sum(r.status == SKIPPED for r in records),
+        cancelled=cancelled,
         errors_by_kind={kind: kinds.get(kind, 0) for kind in ERROR_KINDS},
         slo=asdict(slo),
         slo_met=slo_met,
-        attainment=slo_met / len(records) if records else None,
+        attainment=slo_met / judged if judged else None,
         goodput_rps=_per_s(slo_met, wall_s),
         achieved_rate_rps=_per_s(len(ok), wall_s),
         output_tokens_per_s=_per_s(sum(r.output_tokens for r in ok), wall_s),
