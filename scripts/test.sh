@@ -10,8 +10,10 @@ bash scripts/setup.sh --with-vllm
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q --durations=25 "$@"
 fi
-# Two phases. The unit tests share both cores (pytest-xdist); the tests that start whole servers, engines
-# or a real Prometheus then run one at a time, because they measure latency and throughput and would
-# disturb each other (markers in tests/conftest.py).
-.venv/bin/python -m pytest -q -n 2 -m "not slow and not live" --durations=10
-exec .venv/bin/python -m pytest -q -m "slow or live" --durations=25
+# Two phases. The unit tests share both cores (pytest-xdist), and so do the slow or live tests that time
+# nothing (the wheel, a real Prometheus fed a synthetic exposition); the tests that time servers or engines
+# (`serial`) then run one at a time, because they measure latency and throughput and would disturb each
+# other (markers in tests/conftest.py). `loadgroup` keeps a module that shares one costly fixture on one
+# worker where it asks to (tests/packaging).
+.venv/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=10
+exec .venv/bin/python -m pytest -q -m "serial" --durations=25

@@ -45,6 +45,9 @@ def port() -> int:
 
 # Markers for the inner loop (`bash scripts/test.sh -m "not slow and not live"`); the full run is the gate.
 # `slow`: whole servers, engines or soaks, tens of seconds each. `live`: a real Prometheus server.
+# `serial`: the slow tests that time something (latency, throughput, a deadline) on servers or engines of
+# their own; scripts/test.sh runs them one at a time after the rest, which share both cores. A slow test that
+# times nothing (building and installing the wheel) and a live one fed a synthetic exposition run with the rest.
 SLOW_PATHS = (
     "tests/e2e/",
     "tests/faults/",
@@ -54,6 +57,7 @@ SLOW_PATHS = (
     "tests/reference_server/test_demo.py",
     "tests/report/test_simulator_vs_server.py",
 )
+UNTIMED_SLOW_PATHS = ("tests/packaging/",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -61,5 +65,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         path = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
         if path.startswith(SLOW_PATHS):
             item.add_marker(pytest.mark.slow)
+            if not path.startswith(UNTIMED_SLOW_PATHS):
+                item.add_marker(pytest.mark.serial)
         if hasattr(item.module, "running_prometheus"):
             item.add_marker(pytest.mark.live)

@@ -6,7 +6,7 @@ source, in a real Prometheus scraping a real colocated reference server (`small`
 - The same steady stream plus bursts of long prompts: DecodeInterference and one of the two
   recommendations become pending or firing.
 - Recurring bursts with quiet stretches between them: a recommendation still comes, judged over a horizon
-  (90 s here, an hour in the committed file) longer than the windows (10 s here, 5 minutes there).
+  (60 s here, an hour in the committed file) longer than the windows (10 s here, 5 minutes there).
 
 The windows are 20 s instead of 5 minutes, so a rule's first evaluations see only a few scrapes. In
 production a 5-minute window is always full; the silent case therefore judges the run once one whole window
@@ -54,14 +54,16 @@ STEADY_RATE_RPS, STEADY_PROMPT, STEADY_OUTPUT = 6.0, LengthSpec(8), LengthSpec(9
 BURST = BurstSpec(every_s=1.0, count=4, prompt_tokens=2048)
 BURST_STREAM_RATE_RPS, BURST_STREAM_PROMPT, BURST_STREAM_OUTPUT = 2.0, LengthSpec(32), LengthSpec(64)
 
-# Recurring bursts: twelve 2048-token prompts every 40 s beside the steady stream of the silent case. Each
+# Recurring bursts: twelve 2048-token prompts every 30 s beside the steady stream of the silent case. Each
 # burst is a few seconds of prefill work that queues the stream past the 2 s TTFT objective, so its 10 s
-# windows interfere while missing it for about a third of every 40 s; between bursts the stream alone keeps
-# the windows quiet (the silent case's load). Beside the lighter burst stream (32-token prompts, few running
+# windows interfere while missing it; before the first burst (and between bursts, where the machine lets the
+# queue drain) the stream alone keeps the windows quiet (the silent case's load). The recommendation comes
+# once interfering windows make a quarter of the horizon's, about 10 s into the first burst's; the horizon
+# is still six windows long. The run stops there, and its requests in flight are cancelled, not awaited. Beside the lighter burst stream (32-token prompts, few running
 # decodes) every prefill step was 1.5x a decode step on a busy CI machine and no window was quiet; a client
 # in-flight cap starved later bursts (their prompts were never sent), so this load has none.
-RECURRING_WINDOW_S, RECURRING_HORIZON_S = 10, 90
-RECURRING_BURST = BurstSpec(every_s=40.0, count=12, prompt_tokens=2048)
+RECURRING_WINDOW_S, RECURRING_HORIZON_S = 10, 60
+RECURRING_BURST = BurstSpec(every_s=30.0, count=12, prompt_tokens=2048)
 RECURRING_LIMIT_S = 200.0
 ACTIVE = "pool:splitscope_interference:active5m"
 
