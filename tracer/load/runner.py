@@ -142,6 +142,10 @@ async def run_load(
         await asyncio.gather(_drain(set(inflight), cancel), _stopped_within(stop, remaining_s))
         wall_s = clock()
     records = records[:reached]
+    for record in records:
+        if record.status == OK and record.sent_s is None:  # its task was cancelled before it ever ran
+            record.cancel()
+            progress.on_finished(record)
     return LoadResult(
         config=config,
         started_unix_s=started_unix_s,
