@@ -13,7 +13,7 @@ fi
 # Two phases. The unit tests share both cores (pytest-xdist), and so do the slow or live tests that time
 # nothing (the wheel, a real Prometheus fed a synthetic exposition); the tests that time servers or engines
 # (`serial`) then run one at a time, because they measure latency and throughput and would disturb each
-# other (markers in tests/conftest.py). `loadgroup` keeps a module that shares one costly fixture on one
-# worker where it asks to (tests/packaging).
-.venv/bin/python -m pytest -q -n 2 --dist loadgroup -m "not serial" --durations=10
+# other (markers in tests/conftest.py). `loadscope` hands each module to one worker, so a module's shared
+# fixture (a server, a wheel) is built once, not once per worker.
+.venv/bin/python -m pytest -q -n 2 --dist loadscope -m "not serial" --durations=10
 exec .venv/bin/python -m pytest -q -m "serial" --durations=25

@@ -18,10 +18,6 @@ import yaml
 from tests.conftest import REPO_ROOT
 from tracer.vocabulary import Verdict
 
-# One pytest-xdist worker runs the whole module (`--dist loadgroup` in scripts/test.sh): the wheel is built
-# and installed once, not once per worker.
-pytestmark = pytest.mark.xdist_group("wheel")
-
 SHIPPED_DATA = (
     "tracer/alerts/rules.yaml",
     "tracer/alerts/runbook.md",
