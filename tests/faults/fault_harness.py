@@ -107,18 +107,12 @@ class SidecarProcess:
 
 
 def start_server(tmp_dir: Path, environ: dict[str, str], *serve_args: str) -> Server:
-    """A `Server` (tests.reference_server.server_harness) whose processes see `environ` on top of ours."""
+    """A `Server` (tests.reference_server.server_harness) whose processes see `environ` on top of ours.
+
+    Our own environment is left alone, so several servers may start at once on different threads.
+    """
     tmp_dir.mkdir(parents=True, exist_ok=True)
-    saved = {name: os.environ.get(name) for name in environ}
-    os.environ.update(environ)
-    try:
-        return Server(tmp_dir, *serve_args)
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return Server(tmp_dir, *serve_args, env={**os.environ, **environ})
 
 
 # ------------------------------------------------------------------------------------------ metrics

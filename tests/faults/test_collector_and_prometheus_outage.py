@@ -90,10 +90,12 @@ class Deployment:
 def deployments(tmp_path_factory) -> Iterator[tuple[Deployment, Deployment]]:
     tmp = tmp_path_factory.mktemp("outages")
     with ExitStack() as stack:
-        a = Deployment(tmp / "a", "http/protobuf")
-        stack.callback(a.close)
-        b = Deployment(tmp / "b", "grpc")
-        stack.callback(b.close)
+        with ThreadPoolExecutor(2) as pool:  # each starts a collector and a server (torch, a model): side by side
+            starting = [pool.submit(Deployment, tmp / "a", "http/protobuf"), pool.submit(Deployment, tmp / "b", "grpc")]
+        for started in starting:
+            if started.exception() is None:
+                stack.callback(started.result().close)
+        a, b = (started.result() for started in starting)  # a start that failed fails here, the rest closed
         for d in (a, b):
             closed_loop(d.server, 0.5, "warm-up")
             d.check_spans_arrive()

@@ -82,7 +82,8 @@ def pid_alive(pid: int) -> bool:
 class Server:
     """`splitscope serve --preset tiny ...` as a child process, on free ports, writing a traces file."""
 
-    def __init__(self, tmp_dir: Path, *serve_args: str) -> None:
+    def __init__(self, tmp_dir: Path, *serve_args: str, env: dict[str, str] | None = None) -> None:
+        """Start the server and wait until it answers /health; `env`: the children's environment (default ours)."""
         self.traces_file = tmp_dir / "traces.jsonl"
         self.log_file = tmp_dir / "serve.log"
         command = [
@@ -102,7 +103,7 @@ class Server:
         ]
         with open(self.log_file, "wb") as log:
             self.process = subprocess.Popen(
-                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
         # The launcher prints the ports the OS gave it: no race with other processes for a port.
         serving = wait_for(self._serving_line_or_dead, STARTUP_TIMEOUT_S, "the server's 'serving ... on' line")
