@@ -10,22 +10,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.vllm_layouts import VLLM_ITERATION_TOKENS_BUCKETS, VLLM_ITL_BUCKETS_S, VLLM_TTFT_BUCKETS_S
 
 CAPTURE = Path(__file__).parent / "sidecar" / "fixtures" / "vllm-worker-metrics.txt"
+LAYOUTS = {
+    "vllm:time_to_first_token_seconds": VLLM_TTFT_BUCKETS_S,
+    "vllm:inter_token_latency_seconds": VLLM_ITL_BUCKETS_S,
+    "vllm:iteration_tokens_total": VLLM_ITERATION_TOKENS_BUCKETS,
+}
 
 
-def _edges(family_name: str) -> tuple[float, ...]:
-    """The finite bucket edges of the capture's histogram `family_name`, each once, in order."""
+@pytest.mark.parametrize("family_name", LAYOUTS)
+def test_the_layouts_are_those_a_real_vllm_exposes(family_name: str) -> None:
     families = {f.name: f for f in text_string_to_metric_families(CAPTURE.read_text(encoding="utf-8"))}
     edges = [float(x.labels["le"]) for x in families[family_name].samples if x.name.endswith("_bucket")]
-    return tuple(dict.fromkeys(e for e in edges if e != float("inf")))
-
-
-@pytest.mark.parametrize(
-    ("family_name", "layout"),
-    [
-        ("vllm:time_to_first_token_seconds", VLLM_TTFT_BUCKETS_S),
-        ("vllm:inter_token_latency_seconds", VLLM_ITL_BUCKETS_S),
-        ("vllm:iteration_tokens_total", VLLM_ITERATION_TOKENS_BUCKETS),
-    ],
-)
-def test_the_layouts_are_those_a_real_vllm_exposes(family_name: str, layout: tuple[float, ...]) -> None:
-    assert _edges(family_name) == tuple(float(edge) for edge in layout)
+    # The capture's one series per family (one engine, one model): its finite edges, in order.
+    assert [e for e in edges if e != float("inf")] == [float(edge) for edge in LAYOUTS[family_name]]

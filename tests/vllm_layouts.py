@@ -5,7 +5,7 @@ Copied from vLLM's source, vllm/v1/metrics/buckets.py (`TIME_TO_FIRST_TOKEN_BUCK
 vllm/v1/metrics/loggers.py hands to `vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds` and
 `vllm:iteration_tokens_total`). Deliberately not taken from our own catalogue (tracer.metrics): these are
 another engine's layouts, the ones our rules and report must cope with. tests/test_vllm_layouts.py checks
-them against a real vLLM capture, tests/engines/test_vllm_layouts.py against the installed vLLM itself.
+them against a real vLLM capture.
 """
 
 from __future__ import annotations
