@@ -2,11 +2,11 @@
 
 One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) serves the same open-loop
 workload from `tracer.load` in alternating rounds: unscraped and scraped 3 times a second on the router's
-/metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round. Each condition pools the requests of its rounds;
-printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per condition, and their
-ratios (scraped / unscraped) from this one run. Before the rounds, the CPU one scrape costs each process
-(router, workers) is measured on the idle server from back-to-back scrapes: the cost the rounds dilute. Alternating rounds on one server keeps slow drift of a
-shared machine out of the ratio.
+/metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round.
+Each condition pools the requests of its rounds; printed: TTFT p90 and the p99 of every client-seen gap
+between text chunks, per condition, and their ratios (scraped / unscraped) from this one run. Alternating
+rounds on one server keeps slow drift of a shared machine out of the ratio. Before the rounds, the CPU one
+scrape costs each process (router, workers) is measured on the idle server from back-to-back scrapes.
 
 Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
 machine); `--quick` shortens it.
