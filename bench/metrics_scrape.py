@@ -2,10 +2,11 @@
 
 One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) serves the same open-loop
 workload from `tracer.load` in alternating rounds: unscraped and scraped 3 times a second on the router's
-/metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round. Each condition pools the requests of its rounds;
-printed: TTFT p90 and the p99 of every client-seen gap between text chunks, per condition, and their
-ratios (scraped / unscraped) from this one run. Alternating rounds on one server keeps slow drift of a
-shared machine out of the ratio.
+/metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round.
+Each condition pools the requests of its rounds; printed: TTFT p90 and the p99 of every client-seen gap
+between text chunks, per condition, and their ratios (scraped / unscraped) from this one run. Alternating
+rounds on one server keeps slow drift of a shared machine out of the ratio. Before the rounds, the CPU one
+scrape costs each process (router, workers) is measured on the idle server from back-to-back scrapes.
 
 Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
 machine); `--quick` shortens it.
@@ -70,19 +71,41 @@ class Scraper:
         self._process.join(30)
 
 
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by process `pid` and its children (router and workers)."""
-    ticks = os.sysconf("SC_CLK_TCK")
-    pids = [pid]
+def server_pids(pid: int) -> list[int]:
+    """The server process `pid` (the router) and its children (the workers)."""
     try:
-        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+        return [pid, *(int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]
     except OSError:
-        pass
-    total = 0
-    for each in pids:
-        fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
-    return total / ticks
+        return [pid]
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by process `pid`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15 of proc(5))
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by the router and its workers."""
+    return sum(process_cpu_s(each) for each in server_pids(pid))
+
+
+def idle_scrape_cost_ms(url: str, pid: int, scrapes: int) -> list[float]:
+    """CPU milliseconds one scrape costs each server process (router first), from `scrapes` back-to-back
+    scrapes of an otherwise idle server, less what each process used idle for as long just before."""
+    pids = server_pids(pid)
+    before = [process_cpu_s(p) for p in pids]
+    started = time.monotonic()
+    time.sleep(5.0)  # the idle baseline: pipeline threads, health checks
+    idle_per_s = [(process_cpu_s(p) - b) / (time.monotonic() - started) for p, b in zip(pids, before)]
+    before = [process_cpu_s(p) for p in pids]
+    started = time.monotonic()
+    for _ in range(scrapes):
+        request = urllib.request.Request(url, headers={"Accept": OPENMETRICS_ACCEPT})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            response.read()
+    wall_s = time.monotonic() - started
+    return [((process_cpu_s(p) - b) - idle * wall_s) * 1000 / scrapes for p, b, idle in zip(pids, before, idle_per_s)]
 
 
 def pooled(results: list) -> tuple[float, float, int]:
@@ -101,6 +124,7 @@ def main() -> None:
     parser.add_argument("--round-s", type=float, default=15.0, help="seconds of load per round")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per condition")
     parser.add_argument("--scrapes-per-s", type=float, default=3.0)
+    parser.add_argument("--cost-scrapes", type=int, default=200, help="back-to-back scrapes of the idle server")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
     args = parser.parse_args()
     if args.quick:
@@ -124,6 +148,12 @@ def main() -> None:
             timeout_s=60,
         )
         run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
+        cost_ms = idle_scrape_cost_ms(url + "/metrics", server.pid, args.cost_scrapes)
+        print(
+            f"CPU per scrape of the idle server (router, then each worker): {', '.join(f'{c:.2f}' for c in cost_ms)} ms "
+            f"({sum(cost_ms):.1f} ms in all, {args.cost_scrapes} scrapes)",
+            flush=True,
+        )
         for index in range(args.rounds):
             # ABBA order: the condition that goes first in a round alternates, so warm-up and drift within a
             # round (seen as a steady 0.5-0.9 first-round bias when unscraped always went first) cancel out.

@@ -65,8 +65,14 @@ DEFAULT_STEP = 1.25
 # The slowest rate tried takes at most this long to send its requests: below it, goodput is "under the floor".
 MAX_POINT_S = 60.0
 WARMUP_REQUESTS = 6
+# Every rate sends the arrivals of this many seconds (the report's own horizon: a capacity is what a layout
+# sustains, not how fast it drains one short burst), and at least MIN_POINT_REQUESTS requests.
+DEFAULT_HORIZON_S = 30.0
+MIN_POINT_REQUESTS = 40
 # Rates tried per layout: prediction x step^k, k from -GRID_BELOW to GRID_ABOVE.
-GRID_BELOW, GRID_ABOVE = 2, 2
+GRID_BELOW, GRID_ABOVE = 2, 1
+# The highest rate the search may try, as a multiple of the shape's base rate.
+CEILING_OVER_BASE = 8.0
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ class Shape:
 SHAPES = {
     # Short prompts, longer answers: a short prefill joining a decode step costs little, so two colocated
     # workers both decode, while a 1:1 split leaves one of them prefilling short prompts, mostly idle.
-    "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=1.5, slo_itl_s=0.15),
+    "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=3.0, slo_itl_s=0.15),
     # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
     # step stalls every decode beside it past the inter-token objective.
     "bursts": Shape(
@@ -103,7 +109,7 @@ SHAPES = {
         prompt_tokens=64,
         output_tokens=64,
         base_rate_rps=2.0,
-        traced_rate_rps=1.0,
+        traced_rate_rps=2.0,
         burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1024),
     ),
 }
@@ -161,8 +167,11 @@ def log(message: str) -> None:
 # --------------------------------------------------------------------------------------- schedules
 
 
-def base_schedule(shape: Shape, requests: int) -> list[dict]:
-    """The shape's `requests` arrivals and lengths at its base rate (replay-file entries, times from 0)."""
+def base_schedule(shape: Shape, horizon_s: float) -> list[dict]:
+    """The shape's arrivals and lengths at its base rate (replay-file entries, times from 0): enough of them
+    to fill `horizon_s` at the search's ceiling rate."""
+    burst_rate_rps = shape.burst.count / shape.burst.every_s if shape.burst else 0.0
+    requests = math.ceil((shape.base_rate_rps + burst_rate_rps) * CEILING_OVER_BASE * horizon_s) + MIN_POINT_REQUESTS
     config = LoadConfig(
         url="http://127.0.0.1:1",
         model=PRESET,
@@ -194,11 +203,14 @@ def schedule_rate_rps(schedule: list[dict]) -> float:
     return (len(schedule) - 1) / span_s
 
 
-def stretched(schedule: list[dict], rate_rps: float) -> list[dict]:
-    """The same requests with arrival times scaled to a mean total rate of `rate_rps` (first at 0)."""
+def stretched(schedule: list[dict], rate_rps: float, horizon_s: float) -> list[dict]:
+    """The same requests with arrival times scaled to a mean total rate of `rate_rps` (first at 0), cut to
+    the arrivals of the first `horizon_s` seconds (at least MIN_POINT_REQUESTS of them)."""
     scale = schedule_rate_rps(schedule) / rate_rps
     first = schedule[0]["arrival_s"]
-    return [{**entry, "arrival_s": (entry["arrival_s"] - first) * scale} for entry in schedule]
+    entries = [{**entry, "arrival_s": (entry["arrival_s"] - first) * scale} for entry in schedule]
+    within = sum(entry["arrival_s"] < horizon_s for entry in entries)
+    return entries[: max(within, MIN_POINT_REQUESTS)]
 
 
 def run_schedule(url: str, schedule: list[dict], shape: Shape, workdir: Path, seed: int) -> Point:
@@ -261,7 +273,7 @@ def measure_layout(
     shape: Shape,
     schedule: list[dict],
     rates_rps: list[float],
-    slo: SLO,
+    horizon_s: float,
     workdir: Path,
     gpus: int,
 ) -> list[Point]:
@@ -277,14 +289,14 @@ def measure_layout(
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         failures = 0
         for rate_rps in rates_rps:
-            point = run_schedule(server.url, stretched(schedule, rate_rps), shape, workdir, seed=shape.seed)
+            point = run_schedule(server.url, stretched(schedule, rate_rps, horizon_s), shape, workdir, seed=shape.seed)
             points.append(point)
             log(
                 f"  {rate_rps / gpus:.3f} req/s/GPU: client attainment {point.attainment:.0%} "
                 f"(TTFT p90 {_ms(point.ttft_p90_s)} ms, chunk-gap p99 p90 {_ms(point.itl_p99_p90_s)} ms, {point.wall_s:.0f} s)"
             )
             # Deep overload: far past what even per-token gaps could pass; higher rates only take time.
-            failures += point.attainment < slo.attainment / 2
+            failures += point.attainment < shape.slo.attainment / 2
             if failures >= 2:
                 break
     requests = load_traces([traces]).requests
@@ -292,7 +304,7 @@ def measure_layout(
         start_ns = int(point.started_unix_s * 1e9)
         window = (requests.arrival_ns >= start_ns) & (requests.arrival_ns < start_ns + int(point.wall_s * 1e9))
         selected = requests.select(window)
-        point.span_attainment = measure(selected, slo).attainment if len(selected) else None
+        point.span_attainment = measure(selected, shape.slo).attainment if len(selected) else None
         log(
             f"  {point.rate_rps / gpus:.3f} req/s/GPU: span attainment "
             f"{'-' if point.span_attainment is None else f'{point.span_attainment:.0%}'} ({len(selected)} requests)"
@@ -301,8 +313,8 @@ def measure_layout(
 
 
 def rate_limits_rps(schedule: list[dict]) -> tuple[float, float]:
-    """The search's floor (the schedule sent in MAX_POINT_S) and ceiling (8x the shape's base rate)."""
-    return len(schedule) / MAX_POINT_S, schedule_rate_rps(schedule) * 8
+    """The search's floor (MIN_POINT_REQUESTS sent in MAX_POINT_S) and ceiling (a multiple of the base rate)."""
+    return MIN_POINT_REQUESTS / MAX_POINT_S, schedule_rate_rps(schedule) * CEILING_OVER_BASE
 
 
 def _ms(value_s: float | None) -> str:
@@ -312,7 +324,9 @@ def _ms(value_s: float | None) -> str:
 # --------------------------------------------------------------------------------------- the report
 
 
-def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Path, confidence: int) -> Report:
+def traced_report(
+    shape: Shape, schedule: list[dict], workers: int, horizon_s: float, workdir: Path, confidence: int
+) -> Report:
     """Serve colocated with traces, drive the shape at its traced rate, and report on that one run."""
     traces = workdir / "traces.jsonl"
     args = [
@@ -329,7 +343,9 @@ def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Pat
     ]
     with ServerProcess(args, log_path=workdir / "server.log") as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
-        point = run_schedule(server.url, stretched(schedule, shape.traced_rate_rps), shape, workdir, seed=shape.seed)
+        point = run_schedule(
+            server.url, stretched(schedule, shape.traced_rate_rps, horizon_s), shape, workdir, seed=shape.seed
+        )
     log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
     options = ReportOptions(
         shape.slo,
@@ -339,9 +355,9 @@ def traced_report(shape: Shape, schedule: list[dict], workers: int, workdir: Pat
         # The served workers' token budget: a colocated or prefill-only step joins whole prompts up to it.
         max_prefill_tokens_per_step=ServeConfig.token_budget,
         # Simulated runs as long as the measured ones: a short overload queues less than a long one.
-        sim_requests=len(schedule),
+        sim_requests=MIN_POINT_REQUESTS,
         sim_max_requests=len(schedule),
-        sim_duration_s=1e-3,
+        sim_duration_s=horizon_s,
     )
     return build_report([traces], options)
 
@@ -391,7 +407,7 @@ def candidate_rows(report: Report, workers: int) -> list[Row]:
 @dataclass
 class ShapeResult:
     shape: str
-    requests: int
+    horizon_s: float
     workers: int
     step: float
     verdict: str
@@ -418,13 +434,19 @@ class ShapeResult:
 
 
 def run_shape(
-    shape: Shape, workers: int, requests: int, step: float, confidence: int, workdir: Path, only: set[str] | None = None
+    shape: Shape,
+    workers: int,
+    horizon_s: float,
+    step: float,
+    confidence: int,
+    workdir: Path,
+    only: set[str] | None = None,
 ) -> ShapeResult:
     started = time.monotonic()
     load_before = _load1()
-    schedule = base_schedule(shape, requests)
+    schedule = base_schedule(shape, horizon_s)
     log(f"shape {shape.name}: {len(schedule)} requests, base rate {schedule_rate_rps(schedule):.2f} req/s total")
-    report = traced_report(shape, schedule, workers, workdir, confidence)
+    report = traced_report(shape, schedule, workers, horizon_s, workdir, confidence)
     log(
         f"report: {report.verdict} {report.ratio or report.chunk_budget_tokens or ''} "
         f"{'(unconfirmed: ' + report.unconfirmed + ')' if report.unconfirmed else ''}"
@@ -436,7 +458,7 @@ def run_shape(
     for row in rows:
         log(f"{row.label}: predicted {row.predicted_per_gpu:.3f} req/s/GPU; measuring")
         rates = rate_grid_rps(row.predicted_per_gpu * workers, step, GRID_BELOW, GRID_ABOVE, *rate_limits_rps(schedule))
-        row.points = measure_layout(row.serve_args, shape, schedule, rates, shape.slo, workdir, workers)
+        row.points = measure_layout(row.serve_args, shape, schedule, rates, horizon_s, workdir, workers)
         for judge, attr in (("span", "measured_bracket_per_gpu"), ("client", "client_bracket_per_gpu")):
             low, high = goodput_from_points(row.points, shape.slo.attainment, judge)
             setattr(row, attr, (low / workers, high / workers))
@@ -446,7 +468,7 @@ def run_shape(
         )
     return ShapeResult(
         shape.name,
-        len(schedule),
+        horizon_s,
         workers,
         step,
         report.verdict,
@@ -468,7 +490,7 @@ def _load1() -> float:
 
 def markdown(result: ShapeResult) -> str:
     lines = [
-        f"shape `{result.shape}`: {result.requests} requests per rate, {result.workers} workers; "
+        f"shape `{result.shape}`: {result.horizon_s:g} s of arrivals per rate, {result.workers} workers; "
         f"report verdict from the traced colocated run: {result.verdict}"
         + (f" (unconfirmed: {result.unconfirmed})" if result.unconfirmed else ""),
         "",
@@ -501,14 +523,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append", help="workload shape(s) (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes in every layout")
-    parser.add_argument("--requests", type=int, default=40, help="requests per measured rate")
+    parser.add_argument(
+        "--horizon-s",
+        type=float,
+        default=DEFAULT_HORIZON_S,
+        help="seconds of arrivals per rate, measured and simulated",
+    )
     parser.add_argument("--step", type=float, default=DEFAULT_STEP, help="rate search step factor (> 1)")
     parser.add_argument("--confidence", type=int, default=0, help="report bootstrap re-runs (0 skips)")
     parser.add_argument("--json", type=Path, default=None, help="write every result here")
     parser.add_argument("--workdir", type=Path, default=None, help="keep traces, reports and server logs here")
     args = parser.parse_args(argv)
-    if args.step <= 1 or args.requests < 10 or args.workers < 2:
-        parser.error("--step must exceed 1, --requests be at least 10, --workers at least 2")
+    if args.step <= 1 or args.horizon_s < 5 or args.workers < 2:
+        parser.error("--step must exceed 1, --horizon-s be at least 5, --workers at least 2")
     # SIGTERM unwinds like Ctrl-C, so every server started is stopped on the way out.
     signal.signal(signal.SIGTERM, _interrupt)
     results = []
@@ -516,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in args.shape or list(SHAPES):
             workdir = (args.workdir or Path(tmp)) / name
             workdir.mkdir(parents=True, exist_ok=True)
-            results.append(run_shape(SHAPES[name], args.workers, args.requests, args.step, args.confidence, workdir))
+            results.append(run_shape(SHAPES[name], args.workers, args.horizon_s, args.step, args.confidence, workdir))
             print(markdown(results[-1]) + "\n", flush=True)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2, default=str))

@@ -404,6 +404,10 @@ def serve_command(
     logging.basicConfig(
         stream=sys.stderr, level=logging.INFO, format="%(asctime)s launcher %(levelname)s %(name)s: %(message)s"
     )
+    # The router's event loop forwards every token; a thread beside it (a /metrics render or join, the
+    # tracing pipeline) holds the GIL for up to the switch interval each time the loop wants it back.
+    # 1 ms instead of the default 5 ms bounds that wait, as in the workers.
+    sys.setswitchinterval(0.001)
     try:
         asyncio.run(serve(config))
     except RuntimeError as exc:

@@ -16,29 +16,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Sequence
 
 import aiohttp
 
 log = logging.getLogger(__name__)
 
-_FAMILY_START = re.compile(rb"^(?=# HELP )", re.M)
+_HELP = b"# HELP "
 _EOF = b"# EOF\n"
 
 
 def _family_blocks(body: bytes) -> list[tuple[bytes, bytes, bytes]]:
-    """(family name, metadata lines, sample lines) of each family of one exposition, in order."""
+    """(family name, metadata lines, sample lines) of each family of one exposition, in order.
+
+    A family starts at a line beginning `# HELP `; no other line can (label values escape their newlines).
+    """
     if body.endswith(_EOF):
         body = body[: -len(_EOF)]
+    head, *families = (b"\n" + body.removesuffix(b"\n")).split(b"\n" + _HELP)
+    if head.strip():
+        log.debug("exposition text before its first family dropped: %r", head[:80])
     blocks = []
-    for block in _FAMILY_START.split(body):
-        if not block:
-            continue
-        if not block.startswith(b"# HELP "):
-            log.debug("exposition text before its first family dropped: %r", block[:80])
-            continue
-        name = block[7:].split(b"\n", 1)[0].split(b" ", 1)[0]
+    for family in families:
+        block = _HELP + family + b"\n"
+        name = family.split(b" ", 1)[0].split(b"\n", 1)[0]
         samples_at = 0
         while block.startswith(b"#", samples_at):  # HELP, TYPE, UNIT: the family's metadata lines
             newline = block.find(b"\n", samples_at)

@@ -38,20 +38,22 @@ import json
 import logging
 import secrets
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client.metrics_core import Metric
 
 from reference_server import openai_api as api
 from reference_server.metrics_proxy import joined_exposition
 from reference_server.text_stream import TextStream
 from reference_server.transfer_wire import token_from_env
 from tracer import TraceContext, TracingSession
-from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
+from tracer.exposition import Exposition
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns
 
@@ -148,6 +150,7 @@ class Router:
         self.needed_pools = needed
         self.tracing = tracing
         self.tracer = tracing.tracer
+        self.exposition = Exposition(tracing.registry if tracing.registry is not None else _Empty(), process_labels())
         self.max_body_bytes = max_body_bytes
         self.max_inflight = max_inflight
         self.stream_timeout_s = stream_timeout_s
@@ -250,11 +253,8 @@ class Router:
 
     async def metrics(self, request: web.Request) -> web.Response:
         """The router's own series and every live worker's, each keeping its labels (metrics_proxy)."""
-        registry = self.tracing.registry
         accept = request.headers.get("Accept")
-        own = await asyncio.to_thread(
-            exposition, registry if registry is not None else _Empty(), accept, process_labels()
-        )
+        own = await asyncio.to_thread(self.exposition.render, accept)
         urls = [e.url + "/metrics" for e in self.endpoints if e.alive]
         body = await joined_exposition(own, urls, self.session, accept)
         content_type = own[1]
@@ -719,5 +719,7 @@ async def openai_not_found(request: web.Request, handler: Any) -> web.StreamResp
 
 
 class _Empty:
-    def collect(self):
+    """A metric source with no families (tracing off)."""
+
+    def collect(self) -> Iterator[Metric]:
         return iter(())

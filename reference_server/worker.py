@@ -59,7 +59,8 @@ from reference_server.tokenizer import EOS_ID, encode
 from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.auth import bearer_ok, check_bind_token
-from tracer.metrics import ABORT_CLIENT_DISCONNECTED, exposition, process_labels
+from tracer.exposition import Exposition
+from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
 
 log = logging.getLogger("reference_server.worker")
 
@@ -137,7 +138,9 @@ class Worker:
             sidecar_socket=options.sidecar_socket,
             registry=CollectorRegistry(),  # the worker serves its own /metrics on either export path
         )
-        self.metric_labels = process_labels(options.name)
+        registry = self.tracing.registry
+        # Every series labelled with this worker; kept, so each scrape formats only the values.
+        self.exposition = Exposition(registry, process_labels(options.name)) if registry is not None else None
         self.model = build_model(self.args, seed=options.seed, device=options.device)
         bytes_per_block = kv_bytes_per_token(self.args, torch.float32) * options.block_size
         kv_blocks = options.kv_blocks or default_kv_blocks(
@@ -223,13 +226,10 @@ class Worker:
         return web.json_response(body, status=200 if self.engine.alive else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        registry = self.tracing.registry
-        if registry is None:
+        if self.exposition is None:
             return web.Response(body=b"", content_type="text/plain")
-        # Off the loop that streams tokens to the router; every series labelled with this worker.
-        body, content_type = await asyncio.to_thread(
-            exposition, registry, request.headers.get("Accept"), self.metric_labels
-        )
+        # Off the loop that streams tokens to the router.
+        body, content_type = await asyncio.to_thread(self.exposition.render, request.headers.get("Accept"))
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
         return response

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
 from wsgiref.simple_server import WSGIServer
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import choose_encoder, start_http_server
-from prometheus_client.metrics_core import HistogramMetricFamily, Metric
+from prometheus_client.exposition import start_http_server
+from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from tracer.resource import env_resource_attributes
@@ -493,47 +491,6 @@ def process_labels(worker: str | None = None) -> dict[str, str]:
     if worker:
         labels[WORKER_LABEL] = worker
     return labels
-
-
-class MetricSource(Protocol):
-    """What an exposition reads: a CollectorRegistry, or any object whose collect() yields metric families."""
-
-    def collect(self) -> Iterable[Metric]: ...
-
-
-class LabelledCollection:
-    """A registry's families with `labels` added to every sample that lacks them (read at scrape time).
-
-    A series that already has one of the labels (e.g. `splitscope_requests_waiting{worker}`) keeps its own.
-    """
-
-    def __init__(self, registry: MetricSource, labels: dict[str, str]) -> None:
-        self._registry = registry
-        self._labels = labels
-
-    def collect(self) -> Iterator[Metric]:
-        extra = self._labels
-        for family in self._registry.collect():
-            labelled = Metric(family.name, family.documentation, family.type, family.unit)
-            # The encoders sort labels, so one dict merge (the series' own values last, so they win) will do.
-            labelled.samples = [
-                Sample(s.name, {**extra, **s.labels}, s.value, s.timestamp, s.exemplar) for s in family.samples
-            ]
-            yield labelled
-
-
-def exposition(
-    registry: MetricSource, accept_header: str | None, labels: dict[str, str] | None = None
-) -> tuple[bytes, str]:
-    """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks.
-
-    `labels` (see `process_labels`) are added to every series. CPU-bound (milliseconds for a worker's
-    catalogue): call it off an event loop that serves requests (`asyncio.to_thread`).
-    """
-    encoder, content_type = choose_encoder(accept_header or "")
-    source = LabelledCollection(registry, labels) if labels else registry
-    # The encoders only call collect(); prometheus_client annotates their argument as a CollectorRegistry.
-    return encoder(cast(CollectorRegistry, source)), content_type
 
 
 def serve_metrics(

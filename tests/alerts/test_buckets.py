@@ -13,37 +13,12 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.prom import serving_registry
+from tests.vllm_layouts import VLLM_TTFT_BUCKETS_S
 from tracer.alerts.buckets import missing_slo_edges
 from tracer.alerts.cli import alerts_group
 from tracer.metrics import Catalogue
 from tracer.sidecar import scrape
 from tracer.sidecar.scrape import map_families, warn_missing_slo_edges
-
-# vLLM v1's TTFT buckets (vllm/v1/metrics/loggers.py): no 2 s edge.
-VLLM_TTFT_BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
 
 
 def _vllm_like() -> CollectorRegistry:

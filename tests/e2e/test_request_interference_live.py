@@ -34,6 +34,7 @@ from tests.oracle.engine import Run, serve
 from tests.oracle.observe import observe
 from tests.oracle.traces import MODEL, vllm_request_lines
 from tests.prom import running_prometheus, serving_registry
+from tests.vllm_layouts import VLLM_ITL_BUCKETS_S, VLLM_TTFT_BUCKETS_S
 from tracer.alerts.rules import render_rules_yaml
 from tracer.alerts.settings import AlertSettings
 from tracer.sidecar.server import Sidecar, SidecarConfig
@@ -50,52 +51,6 @@ SETTINGS = replace(
 FOR_SCALE = 0.005  # 10m -> 3 s, 15m -> 4.5 s
 WINDOW = "20s"  # every 5m window: 200 s of the oracle's timeline
 HORIZON = "30s"
-# vLLM 0.32's own buckets (vllm/v1/metrics/loggers.py), so the rules' fallback edges are exercised.
-VLLM_TTFT_BUCKETS_S = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-VLLM_ITL_BUCKETS_S = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
 RECOMMENDATIONS = ("DecodeInterference", "SplitRecommended", "ChunkedPrefillRecommended")
 
 
@@ -126,6 +81,7 @@ def deployment(run: Run, stack: ExitStack) -> Iterator[list[str]]:
     engines = []
     for worker in range(run.deployment.workers):
         registry = CollectorRegistry()
+        # vLLM's own buckets, so the rules' fallback edges are exercised.
         ttft = Histogram(
             "vllm:time_to_first_token_seconds", "TTFT", ["model_name"], buckets=VLLM_TTFT_BUCKETS_S, registry=registry
         )

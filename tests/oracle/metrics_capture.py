@@ -3,7 +3,8 @@ written with prometheus_client, not with anything the report uses.
 
 Per engine (`engine` label, one per worker; the report must sum label sets): every inter-token gap of the
 requests it decoded (`vllm:inter_token_latency_seconds`) and the tokens of every engine step it ran, decode
-tokens plus prefill tokens (`vllm:iteration_tokens_total`), with vLLM 0.32's buckets. Blocking file I/O.
+tokens plus prefill tokens (`vllm:iteration_tokens_total`), with vLLM 0.32's buckets (tests/vllm_layouts.py).
+Blocking file I/O.
 """
 
 from __future__ import annotations
@@ -14,30 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from tests.oracle.engine import Run
 from tests.oracle.traces import MODEL
-
-# vLLM 0.32's buckets (vllm/v1/metrics/loggers.py; as in a real capture, tests/sidecar/fixtures).
-ITL_BUCKETS_S = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+from tests.vllm_layouts import VLLM_ITERATION_TOKENS_BUCKETS, VLLM_ITL_BUCKETS_S
 
 
 def write_vllm_metrics(path: Path, run: Run) -> None:
@@ -50,14 +28,14 @@ def write_vllm_metrics(path: Path, run: Run) -> None:
         "Histogram of inter-token latency in seconds.",
         labels,
         registry=registry,
-        buckets=ITL_BUCKETS_S,
+        buckets=VLLM_ITL_BUCKETS_S,
     )
     steps = Histogram(
         "vllm:iteration_tokens_total",
         "Histogram of number of tokens per engine_step.",
         labels,
         registry=registry,
-        buckets=STEP_TOKEN_BUCKETS,
+        buckets=VLLM_ITERATION_TOKENS_BUCKETS,
     )
     for request in run.requests:
         child = gaps.labels(engine=f"{request.decode_worker}", model_name=MODEL)

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from reference_server.metrics_proxy import join_expositions
-from tracer.metrics import Catalogue, exemplar, exposition
+from tracer.exposition import exposition
+from tracer.metrics import Catalogue, exemplar
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 

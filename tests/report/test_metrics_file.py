@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from tests.oracle.metrics_capture import ITL_BUCKETS_S
+from tests.vllm_layouts import VLLM_ITL_BUCKETS_S
 from tracer.report.cli import report_command
 from tracer.report.metrics_file import (
     VLLM_GAP_FAMILIES,
@@ -63,7 +63,7 @@ def test_the_older_gap_family_is_read_when_the_newer_is_absent(tmp_path):
 
 def test_label_sets_are_summed_and_quantiles_fall_in_numpys_bucket(tmp_path):
     registry = CollectorRegistry()
-    family = Histogram(VLLM_GAP_FAMILIES[0], "gaps", ["engine"], registry=registry, buckets=ITL_BUCKETS_S)
+    family = Histogram(VLLM_GAP_FAMILIES[0], "gaps", ["engine"], registry=registry, buckets=VLLM_ITL_BUCKETS_S)
     rng = np.random.default_rng(3)
     samples = {engine: rng.lognormal(np.log(0.03), 0.8, 4000) for engine in ("0", "1")}
     for engine, values in samples.items():
@@ -75,7 +75,7 @@ def test_label_sets_are_summed_and_quantiles_fall_in_numpys_bucket(tmp_path):
     assert gaps is not None
     everything = np.concatenate(list(samples.values()))
     assert gaps.count == len(everything) and gaps.sum == pytest.approx(everything.sum())
-    edges = np.array((0.0, *ITL_BUCKETS_S, np.inf))
+    edges = np.array((0.0, *VLLM_ITL_BUCKETS_S, np.inf))
     for q in (0.5, 0.9, 0.99):
         truth = np.quantile(everything, q)
         bucket = np.searchsorted(edges, truth)

@@ -52,7 +52,9 @@ def _llm_request(span_id: int, start_ns: int, **attributes: float) -> s.SpanData
     )
 
 
-def test_pd_pair_gives_one_trace_with_prefill_side_and_decode_side_stages():
+def _pd_pair() -> tuple[s.SpanData, list[s.SpanData], s.SpanData, list[s.SpanData]]:
+    """One request served P/D: the prefill instance's `llm_request` and the stage spans its sidecar makes of it,
+    then the decode instance's and its stages (both sidecars run with --mode disaggregated)."""
     # Prefill instance: arrives at T0, 3 ms front end, 2 ms queue, 40 ms prefill, one token, nothing decoded.
     p = _llm_request(
         0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046, prompt=2000, completion=1, max_tokens=1
@@ -73,6 +75,11 @@ def test_pd_pair_gives_one_trace_with_prefill_side_and_decode_side_stages():
     )
     prefill_side = vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p)
     decode_side = vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d)
+    return p, prefill_side, d, decode_side
+
+
+def test_pd_pair_gives_one_trace_with_prefill_side_and_decode_side_stages():
+    _, prefill_side, _, decode_side = _pd_pair()
 
     assert [x.name for x in prefill_side] == [s.SPAN_QUEUE, s.SPAN_PREFILL]  # no decode for the one token
     assert [x.name for x in decode_side] == [s.SPAN_KV_TRANSFER, s.SPAN_DECODE]
@@ -175,27 +182,8 @@ def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):
     from tracer.otel import encode_line, make_resource, to_readable_span
     from tracer.report.tables import load_traces
 
-    p = _llm_request(
-        0x10, T0, queue=0.002, prefill=0.040, decode=0.0, ttft=0.045, e2e=0.046, prompt=2000, completion=1, max_tokens=1
-    )
-    d = _llm_request(
-        0x20,
-        T0 + 50 * MS,
-        queue=0.030,
-        prefill=0.005,
-        decode=0.500,
-        ttft=0.036,
-        e2e=0.537,
-        prompt=2000,
-        completion=64,
-        max_tokens=64,
-    )
-    spans = [
-        p,
-        *vllm.VllmAdapter(pool="prefill", worker="vllm-p0", mode="disaggregated").stage_spans(p),
-        d,
-        *vllm.VllmAdapter(pool="decode", worker="vllm-d0", mode="disaggregated").stage_spans(d),
-    ]
+    p, prefill_side, d, decode_side = _pd_pair()
+    spans = [p, *prefill_side, d, *decode_side]
     path = tmp_path / "pd.jsonl"
     resource = make_resource("vllm")
     path.write_bytes(encode_line([to_readable_span(x, resource) for x in spans]))

@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from reference_server.launch import serve_command, with_namespace
-from tracer.metrics import Catalogue, deployment_namespace, exposition, process_labels
+from tracer.exposition import exposition
+from tracer.metrics import Catalogue, deployment_namespace, process_labels
 
 
 def test_namespace_comes_from_otel_resource_attributes(monkeypatch: pytest.MonkeyPatch) -> None:

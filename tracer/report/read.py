@@ -105,11 +105,13 @@ class _ResourceSpans(msgspec.Struct, gc=False):
     scopeSpans: list[_ScopeSpans] = []
 
 
-class _Request(msgspec.Struct, gc=False):
+class _ExportTraceServiceRequest(msgspec.Struct, gc=False):
+    """One OTLP/JSON line: an `ExportTraceServiceRequest` object (see tracer.traces); only its spans are read."""
+
     resourceSpans: list[_ResourceSpans]
 
 
-_decode = msgspec.json.Decoder(_Request, strict=False).decode
+_decode = msgspec.json.Decoder(_ExportTraceServiceRequest, strict=False).decode
 _TYPED_REFUSALS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 
 

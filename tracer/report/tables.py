@@ -209,7 +209,11 @@ def _text(span: Span, key: str, where: str) -> str:
     return value
 
 
-class _Request:
+class _RequestSpans:
+    """What the spans of one request trace (one trace id) have said so far, gathered while the files are
+    read: the request span's fields (`root`) and each stage span's. `_request_table` makes it one row
+    (when it has a request span), `_transfer_table` one transfer (when it has a sized KV transfer)."""
+
     __slots__ = (
         "root",
         "queue",
@@ -236,7 +240,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     """Read every span of `paths` into tables. Raises TraceFileError (bad line) or TraceDataError (a span
     missing what the report needs) unless `skip_bad`, which skips and counts them."""
     total = ReadStats()
-    requests: dict[str, _Request] = {}
+    requests: dict[str, _RequestSpans] = {}
     steps = StepColumns()
     workers: dict[str, set[str]] = {}
     models: set[str] = set()
@@ -276,7 +280,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
 
 def _take(
     span: Span,
-    requests: dict[str, _Request],
+    requests: dict[str, _RequestSpans],
     steps: StepColumns,
     workers: dict[str, set[str]],
     models: set[str],
@@ -360,7 +364,7 @@ def _step_table(steps: StepColumns) -> StepTable:
 
 
 def _take_request_span(
-    span: Span, keys: _RequestKeys, requests: dict[str, _Request], models: set[str], where: str
+    span: Span, keys: _RequestKeys, requests: dict[str, _RequestSpans], models: set[str], where: str
 ) -> None:
     attrs = span.attributes
     model = attrs.get(s.ATTR_MODEL) or attrs.get(vllm.ATTR_RESPONSE_MODEL)
@@ -411,14 +415,14 @@ def _pool_worker(span: Span, where: str, workers: dict[str, set[str]]) -> tuple[
     return pool, worker
 
 
-def _request(requests: dict[str, _Request], span: Span) -> _Request:
+def _request(requests: dict[str, _RequestSpans], span: Span) -> _RequestSpans:
     request = requests.get(span.trace_id)
     if request is None:
-        request = requests[span.trace_id] = _Request()
+        request = requests[span.trace_id] = _RequestSpans()
     return request
 
 
-def _request_table(requests: dict[str, _Request]) -> RequestTable:
+def _request_table(requests: dict[str, _RequestSpans]) -> RequestTable:
     rows = [r for r in requests.values() if r.root is not None]
     rows.sort(key=lambda r: r.root[0])  # type: ignore[index]
     n = len(rows)
@@ -498,7 +502,7 @@ def _request_table(requests: dict[str, _Request]) -> RequestTable:
     )
 
 
-def _transfer_table(requests: dict[str, _Request]) -> TransferTable:
+def _transfer_table(requests: dict[str, _RequestSpans]) -> TransferTable:
     # Only transfers with their size measure the link; the others still count in their request's TTFT.
     rows = [(r, r.transfer) for r in requests.values() if r.transfer is not None and not np.isnan(r.transfer[1])]
     kv_bytes = np.array([transfer[1] for _, transfer in rows], dtype=float)

@@ -20,7 +20,7 @@ from aiohttp import web
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from prometheus_client import CollectorRegistry
 
-from tracer.metrics import exposition
+from tracer.exposition import Exposition
 from tracer.sidecar.auth import bearer_ok
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_decode import OtlpDecodeError, decode_json, decode_protobuf
@@ -86,10 +86,10 @@ def make_app(
             on_request(accepted, rejected)
         return _export_answer(content_type, rejected, "sidecar ingest queue full" if rejected else "")
 
+    metrics_exposition = Exposition(registry)
+
     async def metrics(request: web.Request) -> web.Response:
-        body, content_type = await asyncio.get_running_loop().run_in_executor(
-            None, exposition, registry, request.headers.get("Accept")
-        )
+        body, content_type = await asyncio.to_thread(metrics_exposition.render, request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def health(request: web.Request) -> web.Response:
