@@ -58,8 +58,9 @@ BURST_STREAM_RATE_RPS, BURST_STREAM_PROMPT, BURST_STREAM_OUTPUT = 2.0, LengthSpe
 # burst is a few seconds of prefill work that queues the stream past the 2 s TTFT objective, so its 10 s
 # windows interfere while missing it; before the first burst (and between bursts, where the machine lets the
 # queue drain) the stream alone keeps the windows quiet (the silent case's load). The recommendation comes
-# once interfering windows make a quarter of the horizon's, about 10 s into the first burst's; the horizon
-# is still six windows long. The run stops there, and its requests in flight are cancelled, not awaited. Beside the lighter burst stream (32-token prompts, few running
+# once windows that interfered while missing an objective make a quarter of the horizon's (six windows):
+# after the first, second or third burst in runs here (50-124 s). The run stops there, and its requests in
+# flight are cancelled, not awaited (hundreds of them when the machine is busy). Beside the lighter burst stream (32-token prompts, few running
 # decodes) every prefill step was 1.5x a decode step on a busy CI machine and no window was quiet; a client
 # in-flight cap starved later bursts (their prompts were never sent), so this load has none.
 RECURRING_WINDOW_S, RECURRING_HORIZON_S = 10, 60
