@@ -3,7 +3,8 @@
 For each workload shape, on the reference server (CPU, `small` preset, the same worker count for every
 layout):
 
-1. serve it colocated with traces on, drive the shape at a rate below capacity, and build the report
+1. serve it colocated with traces on, drive the shape at a rate below but near capacity (so the step fit
+   sees batches like the ones it will price), and build the report
    from that ONE run: its predicted goodput (requests/s per GPU meeting both SLOs at 90% attainment) for
    colocated, chunked prefill (the best budget it simulated) and every P:D split of the worker count;
 2. serve each of those layouts for real and measure its goodput with a rate search driven by
@@ -12,20 +13,22 @@ layout):
 One shape, one schedule: the shape's arrivals (Poisson, plus bursts of long prompts) and lengths are
 drawn once from a seed, and every rate replays that same schedule with its times stretched to the rate,
 which is what the report's own search does to the traced requests (common random numbers). Each layout
-is driven at the rates prediction x step^k (k = -2..2, `--step` default 1.25), lowest first; its
-measured goodput is the highest rate that passes with every lower rate passing too, and the next rate
-tried fails: the truth lies in that bracket, and the table gives its geometric middle (within a factor
+is driven at the rates prediction x step^k (k = -2..1, `--step` default 1.25), lowest first, and on up
+by step while every rate passed (up to three more); its measured goodput is the highest rate that passes
+with every lower rate passing too, and the next rate tried fails: the truth lies in that bracket, and the table gives its geometric middle (within a factor
 sqrt(step), about +-12% at 1.25, of the truth: the search's resolution).
 
 Measured goodput is the report's definition, so the two are comparable: a rate per GPU at which at least
-90% of the requests meet both SLOs (time to first token, and each request's p99 inter-token gap), over a
-run of `--requests` requests; the report is asked to simulate runs of the same length. Each measured
+90% of the requests meet both SLOs (time to first token, and each request's p99 inter-token gap), over
+`--horizon-s` seconds of arrivals (30, the report's own default; at least 40 requests); the report is asked
+to simulate runs of the same length. A shorter run measures how fast a layout drains one burst, not what
+it sustains. Each measured
 layout is traced, and the attainment is judged on the server's spans (per-token gaps, as the report
 judges); the client's own judgement is shown beside it. The two differ because the reference server's
 byte tokenizer holds back a partial UTF-8 character: the client then sees two tokens in one chunk, and a
 gap twice a step long, which a per-token model does not predict.
 
-Run: `python bench/verdict_ab.py` (both shapes, about 15 minutes on an idle 2-core CPU machine), or
+Run: `python bench/verdict_ab.py` (both shapes, about 16-20 minutes on an idle 2-core CPU machine), or
 `--shape chat` for one. `--json FILE` writes every measured point. Progress goes to stderr.
 """
 
@@ -71,6 +74,8 @@ DEFAULT_HORIZON_S = 30.0
 MIN_POINT_REQUESTS = 40
 # Rates tried per layout: prediction x step^k, k from -GRID_BELOW to GRID_ABOVE.
 GRID_BELOW, GRID_ABOVE = 2, 1
+# Rates tried above the grid while every rate so far passed, so the search ends in a bracket.
+EXTRA_RATES = 3
 # The highest rate the search may try, as a multiple of the shape's base rate.
 CEILING_OVER_BASE = 8.0
 
@@ -276,9 +281,13 @@ def measure_layout(
     horizon_s: float,
     workdir: Path,
     gpus: int,
+    step: float,
+    ceiling_rps: float,
 ) -> list[Point]:
     """Serve one layout with traces on and drive the schedule at each rate (ascending, stopping after two
-    rates deep in overload on the client's judgement); then judge every point on the server's spans too."""
+    failing rates on the client's judgement); while every rate passed, go on up by `step` (at most
+    EXTRA_RATES more, below `ceiling_rps`) so the search ends in a bracket. Then judge every point on the
+    server's spans too."""
     points: list[Point] = []
     traces = workdir / f"traces-{'-'.join(serve_args[1::2])}.jsonl"
     traces.unlink(missing_ok=True)
@@ -288,6 +297,7 @@ def measure_layout(
     ) as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         failures = 0
+        initial_rates, rates_rps = rates_rps, list(rates_rps)
         for rate_rps in rates_rps:
             point = run_schedule(server.url, stretched(schedule, rate_rps, horizon_s), shape, workdir, seed=shape.seed)
             points.append(point)
@@ -295,10 +305,14 @@ def measure_layout(
                 f"  {rate_rps / gpus:.3f} req/s/GPU: client attainment {point.attainment:.0%} "
                 f"(TTFT p90 {_ms(point.ttft_p90_s)} ms, chunk-gap p99 p90 {_ms(point.itl_p99_p90_s)} ms, {point.wall_s:.0f} s)"
             )
-            # Deep overload: far past what even per-token gaps could pass; higher rates only take time.
-            failures += point.attainment < shape.slo.attainment / 2
+            # Past two failing rates, higher ones only take time (per-token gaps pass at least as often as
+            # the client's chunk gaps, so a client failure may still pass on spans: one more is tried).
+            failures += point.attainment < shape.slo.attainment
             if failures >= 2:
                 break
+            extra = len(rates_rps) - len(initial_rates)
+            if rate_rps == rates_rps[-1] and not failures and extra < EXTRA_RATES and rate_rps * step <= ceiling_rps:
+                rates_rps.append(rate_rps * step)
     requests = load_traces([traces]).requests
     for point in points:
         start_ns = int(point.started_unix_s * 1e9)
@@ -457,8 +471,11 @@ def run_shape(
         rows = [r for r in rows if r.serve_args[1] in only]
     for row in rows:
         log(f"{row.label}: predicted {row.predicted_per_gpu:.3f} req/s/GPU; measuring")
-        rates = rate_grid_rps(row.predicted_per_gpu * workers, step, GRID_BELOW, GRID_ABOVE, *rate_limits_rps(schedule))
-        row.points = measure_layout(row.serve_args, shape, schedule, rates, horizon_s, workdir, workers)
+        floor_rps, ceiling_rps = rate_limits_rps(schedule)
+        rates = rate_grid_rps(row.predicted_per_gpu * workers, step, GRID_BELOW, GRID_ABOVE, floor_rps, ceiling_rps)
+        row.points = measure_layout(
+            row.serve_args, shape, schedule, rates, horizon_s, workdir, workers, step, ceiling_rps
+        )
         for judge, attr in (("span", "measured_bracket_per_gpu"), ("client", "client_bracket_per_gpu")):
             low, high = goodput_from_points(row.points, shape.slo.attainment, judge)
             setattr(row, attr, (low / workers, high / workers))
