@@ -38,14 +38,13 @@ import json
 import logging
 import secrets
 from array import array
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
-from prometheus_client.metrics_core import Metric
 
 from reference_server import openai_api as api
 from reference_server.metrics_proxy import joined_exposition
@@ -150,7 +149,7 @@ class Router:
         self.needed_pools = needed
         self.tracing = tracing
         self.tracer = tracing.tracer
-        self.exposition = Exposition(tracing.registry if tracing.registry is not None else _Empty(), process_labels())
+        self.exposition = Exposition(tracing.registry, process_labels())
         self.max_body_bytes = max_body_bytes
         self.max_inflight = max_inflight
         self.stream_timeout_s = stream_timeout_s
@@ -716,10 +715,3 @@ async def openai_not_found(request: web.Request, handler: Any) -> web.StreamResp
             f"{request.method} is not allowed on {request.path}", "invalid_request_error", None, "method_not_allowed"
         )
         return web.json_response(body, status=405, headers={"Allow": ", ".join(sorted(exc.allowed_methods))})
-
-
-class _Empty:
-    """A metric source with no families (tracing off)."""
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(())

@@ -138,9 +138,8 @@ class Worker:
             sidecar_socket=options.sidecar_socket,
             registry=CollectorRegistry(),  # the worker serves its own /metrics on either export path
         )
-        registry = self.tracing.registry
         # Every series labelled with this worker; kept, so each scrape formats only the values.
-        self.exposition = Exposition(registry, process_labels(options.name)) if registry is not None else None
+        self.exposition = Exposition(self.tracing.registry, process_labels(options.name))
         self.model = build_model(self.args, seed=options.seed, device=options.device)
         bytes_per_block = kv_bytes_per_token(self.args, torch.float32) * options.block_size
         kv_blocks = options.kv_blocks or default_kv_blocks(
@@ -226,8 +225,6 @@ class Worker:
         return web.json_response(body, status=200 if self.engine.alive else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        if self.exposition is None:
-            return web.Response(body=b"", content_type="text/plain")
         # Off the loop that streams tokens to the router.
         body, content_type = await asyncio.to_thread(self.exposition.render, request.headers.get("Accept"))
         response = web.Response(body=body)

@@ -67,7 +67,8 @@ def _library_line(family: Metric, sample: Sample, openmetrics: bool) -> str:
 
 
 class Exposition:
-    """Renders `source` as Prometheus text (0.0.4) or OpenMetrics 1.0, with `labels` added to every series.
+    """Renders `source` as Prometheus text (0.0.4) or OpenMetrics 1.0, with `labels` added to every series;
+    a `source` of None renders an empty exposition in the format asked for.
 
     A series that already has one of `labels` keeps its own value. Output is byte-identical to
     prometheus_client's encoders over the same families. Thread-safe (scrapes may overlap: the caches are
@@ -75,8 +76,8 @@ class Exposition:
     worker's catalogue): call `render` off an event loop that serves requests (`asyncio.to_thread`).
     """
 
-    def __init__(self, source: MetricSource, labels: dict[str, str] | None = None) -> None:
-        self.source = source
+    def __init__(self, source: MetricSource | None, labels: dict[str, str] | None = None) -> None:
+        self.source = source  # None (tracing off): an exposition with no families
         self.labels = dict(labels or {})
         # (openmetrics, sample name, label items as given) -> the line up to its value
         self._series: dict[tuple[bool, str, tuple[tuple[str, str], ...]], str] = {}
@@ -90,7 +91,7 @@ class Exposition:
         if len(self._series) > _MAX_CACHED_SERIES:
             self._series.clear()
         lines: list[str] = []
-        for family in self.source.collect():
+        for family in self.source.collect() if self.source is not None else ():
             if openmetrics:
                 self._openmetrics_family(family, lines)
             else:

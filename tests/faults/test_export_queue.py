@@ -19,8 +19,8 @@ from tracer.otel import CountingBatchSpanProcessor, span_processors, to_readable
 RESOURCE = Resource.create({"service.name": "faults"})
 
 
-def step_span() -> ReadableSpan:
-    data = s.SpanData(
+def step_span_data() -> s.SpanData:
+    return s.SpanData(
         name=s.SPAN_STEP,
         kind=s.KIND_INTERNAL,
         trace_id=s.new_trace_id(),
@@ -30,7 +30,10 @@ def step_span() -> ReadableSpan:
         end_ns=2_000,
         attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
     )
-    return to_readable_span(data, RESOURCE)
+
+
+def step_span() -> ReadableSpan:
+    return to_readable_span(step_span_data(), RESOURCE)
 
 
 class StuckExporter(SpanExporter):
@@ -125,19 +128,7 @@ def test_a_sidecar_whose_collector_is_dead_counts_what_its_export_queue_drops(tm
     }
     sidecar = Sidecar(SidecarConfig(http_port=None, grpc_port=None, gpu=False, environ=environ)).start()
     try:
-        batch = [
-            s.SpanData(
-                name=s.SPAN_STEP,
-                kind=s.KIND_INTERNAL,
-                trace_id=s.new_trace_id(),
-                span_id=s.new_span_id(),
-                parent_span_id=0,
-                start_ns=1_000,
-                end_ns=2_000,
-                attributes={s.ATTR_POOL: "colocated", s.ATTR_WORKER: "w0"},
-            )
-            for _ in range(1000)
-        ]
+        batch = [step_span_data() for _ in range(1000)]
         assert sidecar.queue.offer(Batch((("service.name", "w0"),), batch))
 
         def dropped() -> float:

@@ -86,3 +86,13 @@ def test_a_series_own_label_wins_over_the_process_label() -> None:
     body, _ = Exposition(registry, {"worker": "decode-0"}).render(OPENMETRICS)
     assert b'splitscope_requests_running{pool="decode",worker="decode-7"} 1.0\n' in body
     assert b'splitscope_requests_running{pool="decode",worker="decode-0"}' not in body
+
+
+@pytest.mark.parametrize("accept", [OPENMETRICS, None])
+def test_no_source_renders_an_empty_exposition_in_the_format_asked_for(accept: str | None) -> None:
+    body, content_type = Exposition(None).render(accept)
+    library = openmetrics_latest if accept == OPENMETRICS else text_latest
+    assert (body, content_type.split(";")[0]) == (
+        library(CollectorRegistry()),
+        "application/openmetrics-text" if accept else "text/plain",
+    )
