@@ -296,8 +296,8 @@ def measure_layout(
         log_path=workdir / "server.log",
     ) as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
-        failures = 0
-        initial_rates, rates_rps = rates_rps, list(rates_rps)
+        failures, extra_left = 0, EXTRA_RATES
+        rates_rps = list(rates_rps)  # grows while every rate passes
         for rate_rps in rates_rps:
             point = run_schedule(server.url, stretched(schedule, rate_rps, horizon_s), shape, workdir, seed=shape.seed)
             points.append(point)
@@ -310,9 +310,9 @@ def measure_layout(
             failures += point.attainment < shape.slo.attainment
             if failures >= 2:
                 break
-            extra = len(rates_rps) - len(initial_rates)
-            if rate_rps == rates_rps[-1] and not failures and extra < EXTRA_RATES and rate_rps * step <= ceiling_rps:
+            if rate_rps == rates_rps[-1] and not failures and extra_left and rate_rps * step <= ceiling_rps:
                 rates_rps.append(rate_rps * step)
+                extra_left -= 1
     requests = load_traces([traces]).requests
     for point in points:
         start_ns = int(point.started_unix_s * 1e9)
