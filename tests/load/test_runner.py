@@ -247,8 +247,10 @@ def test_a_text_seed_replays_the_same_schedule_with_text_no_prefix_cache_has_see
             text_seed=text_seed,
         )
         result = run_load_sync(config)
-        bodies = sorted(fake_server.received[first:], key=lambda r: r.unix_s)
-        return result, [r.body["prompt"] for r in bodies]
+        # In schedule order, each request's prompt found by the trace id it sent: the order requests reach the
+        # server in is not the schedule's when the client lags (two sends a few ms apart can swap).
+        prompt_of = {r.headers["traceparent"].split("-")[1]: r.body["prompt"] for r in fake_server.received[first:]}
+        return result, [prompt_of[r.trace_id] for r in result.records]
 
     base, base_text = run(None)
     same, same_text = run(7)  # the default text seed is the seed
