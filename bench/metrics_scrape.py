@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -85,15 +87,48 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15 of proc(5))
 
 
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by the router and its workers."""
-    return sum(process_cpu_s(each) for each in server_pids(pid))
+def cpu_s_of(pids: list[int]) -> float:
+    """CPU seconds used so far by the processes `pids` (the router, its workers, a sidecar)."""
+    return sum(process_cpu_s(each) for each in pids)
 
 
-def idle_scrape_cost_ms(url: str, pid: int, scrapes: int) -> list[float]:
-    """CPU milliseconds one scrape costs each server process (router first), from `scrapes` back-to-back
-    scrapes of an otherwise idle server, less what each process used idle for as long just before."""
-    pids = server_pids(pid)
+def start_sidecar(directory: Path, metrics_port: int) -> subprocess.Popen:
+    """`splitscope sidecar` on a Unix socket in `directory`, serving /metrics on `metrics_port` (no OTLP
+    listeners; spans go to a traces file, as in the fault tests). Returns once /metrics answers."""
+    directory.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable,
+        "-c",
+        "from tracer.cli import main; main()",
+        "sidecar",
+        "--socket",
+        str(directory / "sidecar.sock"),
+        "--no-http",
+        "--no-grpc",
+        "--no-gpu",
+        "--metrics-port",
+        str(metrics_port),
+        "--traces-file",
+        str(directory / "traces.jsonl"),
+    ]
+    with open(directory / "sidecar.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"sidecar exited early; see {directory / 'sidecar.log'}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.2)
+    process.kill()
+    raise SystemExit(f"sidecar did not answer /metrics within 60 s; see {directory / 'sidecar.log'}")
+
+
+def idle_scrape_cost_ms(url: str, pids: list[int], scrapes: int) -> list[float]:
+    """CPU milliseconds one scrape of `url` costs each of `pids`, from `scrapes` back-to-back scrapes of an
+    otherwise idle server, less what each process used idle for as long just before."""
     before = [process_cpu_s(p) for p in pids]
     started = time.monotonic()
     time.sleep(5.0)  # the idle baseline: pipeline threads, health checks
@@ -126,13 +161,25 @@ def main() -> None:
     parser.add_argument("--scrapes-per-s", type=float, default=3.0)
     parser.add_argument("--cost-scrapes", type=int, default=200, help="back-to-back scrapes of the idle server")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
+    parser.add_argument(
+        "--via-sidecar",
+        action="store_true",
+        help="the server ships its records to a `splitscope sidecar`, and the scraper scrapes the sidecar's /metrics",
+    )
     args = parser.parse_args()
     if args.quick:
         args.round_s, args.rounds = 10.0, 2
     port = free_port()
     log_path = Path("/tmp") / f"bench-metrics-scrape-{port}.log"
-    server = start_server(args.preset, ["--mode", "colocated", "--workers", str(args.workers)], port, log_path)
+    layout = ["--mode", "colocated", "--workers", str(args.workers)]
+    sidecar, sidecar_port = None, free_port()
+    if args.via_sidecar:
+        sidecar = start_sidecar(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar", sidecar_port)
+        layout += ["--sidecar-socket", str(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar" / "sidecar.sock")]
+    server = start_server(args.preset, layout, port, log_path)
     url = f"http://127.0.0.1:{port}"
+    metrics_url = f"http://127.0.0.1:{sidecar_port}/metrics" if sidecar is not None else url + "/metrics"
+    measured_pids = [*server_pids(server.pid), *([sidecar.pid] if sidecar is not None else [])]
     results: dict[str, list] = {"unscraped": [], "scraped": []}
     scrapes = []
     cpu_s = {"unscraped": 0.0, "scraped": 0.0}
@@ -148,9 +195,10 @@ def main() -> None:
             timeout_s=60,
         )
         run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
-        cost_ms = idle_scrape_cost_ms(url + "/metrics", server.pid, args.cost_scrapes)
+        cost_ms = idle_scrape_cost_ms(metrics_url, measured_pids, args.cost_scrapes)
         print(
-            f"CPU per scrape of the idle server (router, then each worker): {', '.join(f'{c:.2f}' for c in cost_ms)} ms "
+            f"CPU per scrape of the idle server (router, each worker{', the sidecar' if sidecar else ''}): "
+            f"{', '.join(f'{c:.2f}' for c in cost_ms)} ms "
             f"({sum(cost_ms):.1f} ms in all, {args.cost_scrapes} scrapes)",
             flush=True,
         )
@@ -174,20 +222,23 @@ def main() -> None:
                     text_seed=text_seed,
                     timeout_s=60,
                 )
-                cpu_before = server_cpu_s(server.pid)
+                cpu_before = cpu_s_of(measured_pids)
                 if condition == "scraped":
-                    with Scraper(url + "/metrics", 1.0 / args.scrapes_per_s) as scraper:
+                    with Scraper(metrics_url, 1.0 / args.scrapes_per_s) as scraper:
                         results[condition].append(run_load_sync(config))
                     scrapes.append(scraper)
                 else:
                     results[condition].append(run_load_sync(config))
-                cpu_s[condition] += server_cpu_s(server.pid) - cpu_before
+                cpu_s[condition] += cpu_s_of(measured_pids) - cpu_before
                 print(
                     f"round {index + 1}/{args.rounds} {condition}: {results[condition][-1].summary.ok} ok", flush=True
                 )
     finally:
         server.terminate()
         server.wait(30)
+        if sidecar is not None:
+            sidecar.terminate()
+            sidecar.wait(30)
 
     rows = {name: pooled(runs) for name, runs in results.items()}
     total_scrapes = sum(s.scrapes for s in scrapes)
