@@ -24,9 +24,9 @@ from tests.faults.fault_harness import (
     SERVER_RSS_SLACK_BYTES,
     SidecarProcess,
     closed_loop,
-    combined_ratio,
     dropped_records,
     interleaved,
+    judged_ratio,
     server_rss_bytes,
     start_server,
     stop_process,
@@ -115,12 +115,12 @@ def test_serving_keeps_its_throughput_when_the_otlp_collector_is_dead(deployment
         b.revive_collector()  # export resumes once a collector listens again
         a.collector.kill()
         second = interleaved(b.server, a.server)
+        ratio = judged_ratio(first, second, lambda: interleaved(b.server, a.server))
         rss_after[a.protocol] = server_rss_bytes(a.server)
     finally:
         for d in deployments:
             d.revive_collector()
 
-    ratio = combined_ratio(first, second)
     figures = f"grpc collector dead: {first.describe()}; http collector dead: {second.describe()}"
     print(f"throughput with the OTLP collector dead: {ratio:.1%} of healthy ({figures})")
     assert first.errors == second.errors == 0, figures
@@ -168,8 +168,8 @@ def test_serving_keeps_its_throughput_when_prometheus_is_stopped(deployments):
         prometheus_a.process.kill()  # and one that dies in the middle of its shutdown
         prometheus_a.process.wait(10)
         second = interleaved(b.server, a.server)
+        ratio = judged_ratio(first, second, lambda: interleaved(b.server, a.server))
 
-    ratio = combined_ratio(first, second)
     figures = f"b unscraped: {first.describe()}; a unscraped: {second.describe()}"
     print(f"throughput with Prometheus stopped: {ratio:.1%} of healthy ({figures})")
     assert first.errors == second.errors == 0, figures
