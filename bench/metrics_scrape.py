@@ -8,6 +8,10 @@ between text chunks, per condition, and their ratios (scraped / unscraped) from 
 rounds on one server keeps slow drift of a shared machine out of the ratio. Before the rounds, the CPU one
 scrape costs each process (router, workers) is measured on the idle server from back-to-back scrapes.
 
+`--via-sidecar` runs the same server shipping its records to a `splitscope sidecar` and scrapes the sidecar's
+/metrics instead: no serving process does any work for a scrape, so what remains is the CPU the scrape takes
+elsewhere on the machine (`--sidecar-nice 19` runs the sidecar at the lowest CPU priority).
+
 Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
 machine); `--quick` shortens it.
 """
@@ -92,11 +96,15 @@ def cpu_s_of(pids: list[int]) -> float:
     return sum(process_cpu_s(each) for each in pids)
 
 
-def start_sidecar(directory: Path, metrics_port: int) -> subprocess.Popen:
+def start_sidecar(directory: Path, metrics_port: int, nice: int = 0) -> subprocess.Popen:
     """`splitscope sidecar` on a Unix socket in `directory`, serving /metrics on `metrics_port` (no OTLP
-    listeners; spans go to a traces file, as in the fault tests). Returns once /metrics answers."""
+    listeners; spans go to a traces file, as in the fault tests), at CPU priority `nice` (set before it
+    starts: a thread inherits its creator's). Returns once /metrics answers."""
     directory.mkdir(parents=True, exist_ok=True)
     command = [
+        "nice",
+        "-n",
+        str(nice),
         sys.executable,
         "-c",
         "from tracer.cli import main; main()",
@@ -166,6 +174,12 @@ def main() -> None:
         action="store_true",
         help="the server ships its records to a `splitscope sidecar`, and the scraper scrapes the sidecar's /metrics",
     )
+    parser.add_argument(
+        "--sidecar-nice",
+        type=int,
+        default=0,
+        help="with --via-sidecar: the sidecar's nice value (19: lowest CPU priority)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.round_s, args.rounds = 10.0, 2
@@ -174,7 +188,7 @@ def main() -> None:
     layout = ["--mode", "colocated", "--workers", str(args.workers)]
     sidecar, sidecar_port = None, free_port()
     if args.via_sidecar:
-        sidecar = start_sidecar(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar", sidecar_port)
+        sidecar = start_sidecar(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar", sidecar_port, args.sidecar_nice)
         layout += ["--sidecar-socket", str(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar" / "sidecar.sock")]
     server = start_server(args.preset, layout, port, log_path)
     url = f"http://127.0.0.1:{port}"
