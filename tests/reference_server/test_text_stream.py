@@ -1,7 +1,11 @@
 """TextStream: whole characters only, stop strings cut streaming-safe (reference_server.text_stream).
 
-The oracle is plain string slicing of the whole decoded text: however the tokens are split into pushes,
-the concatenated output must equal `full[:first stop]` (or `full` without a stop).
+The oracle is plain string slicing of decoded prefixes. A stop ends the answer when it completes, as an
+engine stops generating then: at the first push after which the text decoded so far (whole characters)
+contains a stop string, the answer is that text cut before the earliest stop in it; without a stop, it is
+the whole text. So the cut depends on where the pushes fall when stop strings overlap: with stops "a" and
+"\naa", the text "\naa" pushed as "\na" + "a" ends before the "a" ("\n"), pushed whole it ends before
+"\naa" (""), just as an engine generating those tokens would have stopped.
 """
 
 from __future__ import annotations
@@ -13,10 +17,15 @@ from reference_server.text_stream import TextStream
 from reference_server.tokenizer import decode, encode
 
 
+def _push_ends(token_ids: list[int], cuts: list[int]) -> list[int]:
+    """Where the pushes end: each cut (modulo the length), and the end."""
+    return sorted({c % (len(token_ids) + 1) for c in cuts} | {len(token_ids)})
+
+
 def _streamed(token_ids: list[int], stop: tuple[str, ...], cuts: list[int]) -> tuple[list[str], bool]:
     stream = TextStream(stop)
     pieces, start = [], 0
-    for end in sorted({c % (len(token_ids) + 1) for c in cuts} | {len(token_ids)}):
+    for end in _push_ends(token_ids, cuts):
         pieces.append(stream.push(token_ids[start:end]))
         start = end
         if stream.stopped:
@@ -46,11 +55,20 @@ def test_a_possible_stop_prefix_is_held_then_released_or_cut():
     stop=st.lists(st.text(alphabet=st.sampled_from("ab€\n"), min_size=1, max_size=3), max_size=3),
     cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=10),
 )
-def test_streamed_text_is_the_whole_text_cut_before_the_first_stop(text, stop, cuts):
+def test_streamed_text_is_the_text_so_far_cut_before_the_first_stop_to_complete(text, stop, cuts):
     token_ids = encode(text)
-    full = decode(token_ids)
-    positions = [i for i in (full.find(s) for s in stop) if i >= 0]
-    expected = full[: min(positions)] if positions else full
+    expected, expect_stop = decode(token_ids), False
+    for end in _push_ends(token_ids, cuts):
+        so_far = bytes(token_ids[:end]).decode("utf-8", errors="ignore")  # whole characters only
+        positions = [i for i in (so_far.find(s) for s in stop if s) if i >= 0]
+        if positions:
+            expected, expect_stop = so_far[: min(positions)], True
+            break
     pieces, stopped = _streamed(token_ids, tuple(stop), cuts)
     assert "".join(pieces) == expected
-    assert stopped == bool(positions)
+    assert stopped == expect_stop
+
+
+def test_overlapping_stops_end_the_answer_where_the_first_one_completes():
+    assert _streamed(encode("\naa"), ("a", "\naa"), [2]) == (["\n", ""], True)  # "\na", then nothing
+    assert _streamed(encode("\naa"), ("a", "\naa"), []) == (["", ""], True)  # whole: "\naa" starts first
