@@ -50,32 +50,29 @@ def layouts(chunk_budget: int) -> dict[str, list[str]]:
 
 
 def start_server(preset: str, layout: list[str], port: int, log_path: Path) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-c",
-        "from tracer.cli import main; main()",
-        "serve",
-        "--preset",
-        preset,
-        "--port",
-        str(port),
-        *layout,
-    ]
+    command = ["serve", "--preset", preset, "--port", str(port), *layout]
+    return start_answering(command, f"http://127.0.0.1:{port}/health", log_path, timeout_s=300)
+
+
+def start_answering(cli_args: list[str], url: str, log_path: Path, timeout_s: float, nice: int = 0) -> subprocess.Popen:
+    """Start `splitscope <cli_args>` at CPU priority `nice` (set before it starts: its threads inherit it),
+    output to `log_path`; return once `url` answers 200. Exits the bench if it dies or never answers."""
+    command = ["nice", "-n", str(nice), sys.executable, "-c", "from tracer.cli import main; main()", *cli_args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"server exited early; see {log_path}")
+            raise SystemExit(f"`splitscope {cli_args[0]}` exited early; see {log_path}")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
+            with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return process
         except OSError:
             pass
         time.sleep(0.2)
     process.kill()
-    raise SystemExit("server did not become healthy in 300 s")
+    raise SystemExit(f"`splitscope {cli_args[0]}` did not answer {url} in {timeout_s:.0f} s; see {log_path}")
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:

@@ -22,14 +22,13 @@ import argparse
 import multiprocessing
 import os
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from interference import free_port, start_server  # bench/interference.py: the same server start-up
+from interference import free_port, start_answering, start_server  # bench/interference.py: the same start-up
 
 from tracer.load import LengthSpec, LoadConfig, run_load_sync
 
@@ -97,41 +96,14 @@ def cpu_s_of(pids: list[int]) -> float:
 
 
 def start_sidecar(directory: Path, metrics_port: int, nice: int = 0) -> subprocess.Popen:
-    """`splitscope sidecar` on a Unix socket in `directory`, serving /metrics on `metrics_port` (no OTLP
-    listeners; spans go to a traces file, as in the fault tests), at CPU priority `nice` (set before it
-    starts: a thread inherits its creator's). Returns once /metrics answers."""
+    """`splitscope sidecar` on `directory`/sidecar.sock, serving /metrics on `metrics_port` (no OTLP
+    listeners; spans go to a traces file, as in the fault tests), at CPU priority `nice`. Returns once
+    /metrics answers."""
     directory.mkdir(parents=True, exist_ok=True)
-    command = [
-        "nice",
-        "-n",
-        str(nice),
-        sys.executable,
-        "-c",
-        "from tracer.cli import main; main()",
-        "sidecar",
-        "--socket",
-        str(directory / "sidecar.sock"),
-        "--no-http",
-        "--no-grpc",
-        "--no-gpu",
-        "--metrics-port",
-        str(metrics_port),
-        "--traces-file",
-        str(directory / "traces.jsonl"),
-    ]
-    with open(directory / "sidecar.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"sidecar exited early; see {directory / 'sidecar.log'}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit(f"sidecar did not answer /metrics within 60 s; see {directory / 'sidecar.log'}")
+    cli_args = ["sidecar", "--socket", str(directory / "sidecar.sock"), "--no-http", "--no-grpc", "--no-gpu"]
+    cli_args += ["--metrics-port", str(metrics_port), "--traces-file", str(directory / "traces.jsonl")]
+    url = f"http://127.0.0.1:{metrics_port}/metrics"
+    return start_answering(cli_args, url, directory / "sidecar.log", timeout_s=60, nice=nice)
 
 
 def idle_scrape_cost_ms(url: str, pids: list[int], scrapes: int) -> list[float]:
@@ -186,13 +158,14 @@ def main() -> None:
     port = free_port()
     log_path = Path("/tmp") / f"bench-metrics-scrape-{port}.log"
     layout = ["--mode", "colocated", "--workers", str(args.workers)]
-    sidecar, sidecar_port = None, free_port()
-    if args.via_sidecar:
-        sidecar = start_sidecar(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar", sidecar_port, args.sidecar_nice)
-        layout += ["--sidecar-socket", str(Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar" / "sidecar.sock")]
-    server = start_server(args.preset, layout, port, log_path)
     url = f"http://127.0.0.1:{port}"
-    metrics_url = f"http://127.0.0.1:{sidecar_port}/metrics" if sidecar is not None else url + "/metrics"
+    metrics_url, sidecar = url + "/metrics", None
+    if args.via_sidecar:
+        sidecar_dir, sidecar_port = Path("/tmp") / f"bench-metrics-scrape-{port}-sidecar", free_port()
+        sidecar = start_sidecar(sidecar_dir, sidecar_port, args.sidecar_nice)
+        layout += ["--sidecar-socket", str(sidecar_dir / "sidecar.sock")]
+        metrics_url = f"http://127.0.0.1:{sidecar_port}/metrics"
+    server = start_server(args.preset, layout, port, log_path)
     measured_pids = [*server_pids(server.pid), *([sidecar.pid] if sidecar is not None else [])]
     results: dict[str, list] = {"unscraped": [], "scraped": []}
     scrapes = []

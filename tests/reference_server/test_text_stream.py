@@ -60,7 +60,7 @@ def test_streamed_text_is_the_text_so_far_cut_before_the_first_stop_to_complete(
     expected, expect_stop = decode(token_ids), False
     for end in _push_ends(token_ids, cuts):
         so_far = bytes(token_ids[:end]).decode("utf-8", errors="ignore")  # whole characters only
-        positions = [i for i in (so_far.find(s) for s in stop if s) if i >= 0]
+        positions = [i for i in (so_far.find(s) for s in stop) if i >= 0]
         if positions:
             expected, expect_stop = so_far[: min(positions)], True
             break
