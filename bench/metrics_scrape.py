@@ -4,7 +4,8 @@ One reference server (`splitscope serve`, colocated, 2 workers, `small` preset) 
 workload from `tracer.load` in alternating rounds: unscraped and scraped 3 times a second on the router's
 /metrics (OpenMetrics, as Prometheus asks), which of the two goes first alternating from round to round.
 Each condition pools the requests of its rounds; printed: TTFT p90 and the p99 of every client-seen gap
-between text chunks, per condition, and their ratios (scraped / unscraped) from this one run. Alternating
+between text chunks, per condition, their ratios (scraped / unscraped) from this one run, and (from five
+rounds) a 90% bootstrap interval of each ratio over rounds: what the run can tell from noise. Alternating
 rounds on one server keeps slow drift of a shared machine out of the ratio. Before the rounds, the CPU one
 scrape costs each process (router, workers) is measured on the idle server from back-to-back scrapes.
 
@@ -123,12 +124,40 @@ def idle_scrape_cost_ms(url: str, pids: list[int], scrapes: int) -> list[float]:
     return [((process_cpu_s(p) - b) - idle * wall_s) * 1000 / scrapes for p, b, idle in zip(pids, before, idle_per_s)]
 
 
-def pooled(results: list) -> tuple[float, float, int]:
-    """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
-    records = [r for result in results for r in result.records if r.status == "ok"]
+def samples(result: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT s of each successful request, every client-seen gap s between their chunks) of one run."""
+    records = [r for r in result.records if r.status == "ok"]
     ttft = np.asarray([r.ttft_s for r in records if r.ttft_s is not None])
     gaps = np.asarray([g for r in records for g in (r.itl_s or ())])
-    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99)), len(records)
+    return ttft, gaps
+
+
+def pooled(results: list) -> tuple[float, float, int]:
+    """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
+    ttft = np.concatenate([samples(result)[0] for result in results])
+    gaps = np.concatenate([samples(result)[1] for result in results])
+    ok = sum(1 for result in results for r in result.records if r.status == "ok")
+    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99)), ok
+
+
+def round_bootstrap(unscraped: list, scraped: list, resamples: int = 2000, seed: int = 0) -> np.ndarray:
+    """Pooled scraped / unscraped ratios (TTFT p90, gap p99) over `resamples` draws of whole rounds with
+    replacement, each round's two runs drawn together: shape (resamples, 2).
+
+    Rounds, not requests, are the unit: the machine's noise comes in stretches (a busy minute slows every
+    request of a run), so requests within a run are not independent and resampling them would claim a
+    precision the bench does not have.
+    """
+    per_round = [(samples(u), samples(s)) for u, s in zip(unscraped, scraped)]
+    rng = np.random.default_rng(seed)
+    ratios = np.empty((resamples, 2))
+    for i in range(resamples):
+        drawn = [per_round[j] for j in rng.integers(0, len(per_round), len(per_round))]
+        for column, (quantile, which) in enumerate(((90, 0), (99, 1))):
+            before = np.percentile(np.concatenate([u[which] for u, _ in drawn]), quantile)
+            after = np.percentile(np.concatenate([s[which] for _, s in drawn]), quantile)
+            ratios[i, column] = after / before
+    return ratios
 
 
 def main() -> None:
@@ -250,6 +279,12 @@ def main() -> None:
         + "; gap p99 "
         + ", ".join(f"{g:.2f}" for _, g in paired)
     )
+    if args.rounds >= 5:
+        low, high = np.percentile(round_bootstrap(results["unscraped"], results["scraped"]), [5, 95], axis=0)
+        print(
+            f"90% interval over rounds (bootstrap): TTFT p90 {low[0]:.3f}-{high[0]:.3f}, "
+            f"gap p99 {low[1]:.3f}-{high[1]:.3f}; within 5% only if the interval lies in 0.95-1.05"
+        )
     extra_cpu_ms = (cpu_s["scraped"] - cpu_s["unscraped"]) * 1000 / max(total_scrapes, 1)
     print(
         f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "

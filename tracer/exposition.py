@@ -9,7 +9,10 @@ to its value (the name and the label set) and each family's metadata lines, and 
 
 The text is prometheus_client's own: every piece this module keeps is cut out of the library encoder's
 output for that one series or family (rendered once, on first sight), so escaping and name rules stay the
-library's; tests compare whole renders with the library's byte for byte.
+library's. The one piece formatted here is an OpenMetrics exemplar (` # {trace_id="..."} value time`),
+written as the library writes it: a long-running worker has one on every latency bucket it has seen, a
+third of its lines, and rendering each of those lines through the library took 60% of a render
+(bench/exposition_render.py). Tests compare whole renders with the library's byte for byte.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from prometheus_client.exposition import generate_latest as text_latest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_CONTENT_TYPE
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-from prometheus_client.samples import Sample
+from prometheus_client.samples import Exemplar, Sample
 from prometheus_client.utils import floatToGoString
 
 # Samples the text format (0.0.4) moves out of their family into a gauge family of their own, after it.
@@ -34,6 +37,8 @@ _EOF = "# EOF\n"
 _PROBE_VALUE_TEXT = " 0.0\n"
 # Enough for any catalogue; a source that keeps minting new label values only costs a rebuild of the cache.
 _MAX_CACHED_SERIES = 100_000
+# (openmetrics, sample name, label items as given): one line of an exposition
+_SeriesKey = tuple[bool, str, tuple[tuple[str, str], ...]]
 
 
 class MetricSource(Protocol):
@@ -80,9 +85,11 @@ class Exposition:
         self.source = source  # None (tracing off): an exposition with no families
         self.labels = dict(labels or {})
         # (openmetrics, sample name, label items as given) -> the line up to its value
-        self._series: dict[tuple[bool, str, tuple[tuple[str, str], ...]], str] = {}
+        self._series: dict[_SeriesKey, str] = {}
         # (openmetrics, name, type, unit, documentation) -> metadata lines
         self._metadata: dict[tuple[bool, str, str, str, str], str] = {}
+        # the same key -> (the series' last exemplar, its text)
+        self._exemplars: dict[_SeriesKey, tuple[Exemplar, str]] = {}
 
     def render(self, accept_header: str | None) -> tuple[bytes, str]:
         """(body, content type) for a /metrics answer; OpenMetrics (with exemplars) when the scraper asks."""
@@ -90,6 +97,7 @@ class Exposition:
         openmetrics = content_type == OPENMETRICS_CONTENT_TYPE
         if len(self._series) > _MAX_CACHED_SERIES:
             self._series.clear()
+            self._exemplars.clear()
         lines: list[str] = []
         for family in self.source.collect() if self.source is not None else ():
             if openmetrics:
@@ -120,9 +128,17 @@ class Exposition:
             lines.extend(split_lines)
 
     def _line(self, family: Metric, sample: Sample, openmetrics: bool) -> str:
-        if sample.exemplar is not None or sample.timestamp is not None:  # rare: the library's own line
-            return _library_line(family, self._labelled(sample), openmetrics)
-        return self._series_text(family, sample, openmetrics) + floatToGoString(sample.value) + "\n"
+        exemplar = sample.exemplar if openmetrics else None  # the text format (0.0.4) drops exemplars
+        if sample.timestamp is not None or (exemplar is not None and not _common_exemplar(family, sample)):
+            return _library_line(family, self._labelled(sample), openmetrics)  # rare: the library's own line
+        key = (openmetrics, sample.name, tuple(sample.labels.items()))
+        line = self._series_text(key, family, sample, openmetrics) + floatToGoString(sample.value)
+        if exemplar is None:
+            return line + "\n"
+        cached = self._exemplars.get(key)
+        if cached is None or cached[0] is not exemplar:  # a bucket keeps its Exemplar until one replaces it
+            cached = self._exemplars[key] = (exemplar, _exemplar_text(exemplar))
+        return line + cached[1] + "\n"
 
     def _metadata_lines(self, family: Metric, openmetrics: bool) -> str:
         key = (openmetrics, family.name, family.type, family.unit, family.documentation)
@@ -133,11 +149,10 @@ class Exposition:
             text = self._metadata[key] = _library_render(empty, openmetrics)
         return text
 
-    def _series_text(self, family: Metric, sample: Sample, openmetrics: bool) -> str:
-        key = (openmetrics, sample.name, tuple(sample.labels.items()))
+    def _series_text(self, key: _SeriesKey, family: Metric, sample: Sample, openmetrics: bool) -> str:
         text = self._series.get(key)
         if text is None:
-            probe = self._labelled(sample)._replace(value=0.0)
+            probe = self._labelled(sample)._replace(value=0.0, exemplar=None)
             line = _library_line(family, probe, openmetrics)
             text = self._series[key] = line.removesuffix(_PROBE_VALUE_TEXT) + " "
         return text
@@ -146,6 +161,27 @@ class Exposition:
         if not self.labels:
             return sample
         return sample._replace(labels={**self.labels, **sample.labels})
+
+
+def _common_exemplar(family: Metric, sample: Sample) -> bool:
+    """An exemplar where every exposition puts one: a histogram bucket's or a counter's `_total`. Others
+    take the library's path, which renders or refuses them as it decides."""
+    if family.type == "histogram":
+        return sample.name.endswith("_bucket")
+    return family.type == "counter" and sample.name.endswith("_total")
+
+
+def _exemplar_text(exemplar: Exemplar) -> str:
+    """` # {labels} value [timestamp]` as the OpenMetrics encoder writes it (label names unescaped, values
+    escaped, labels sorted)."""
+    labels = ",".join(
+        '{}="{}"'.format(name, value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\""))
+        for name, value in sorted(exemplar.labels.items())
+    )
+    value = floatToGoString(exemplar.value)
+    if exemplar.timestamp is None:
+        return f" # {{{labels}}} {value}"
+    return f" # {{{labels}}} {value} {exemplar.timestamp}"
 
 
 def exposition(

@@ -7,9 +7,10 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, Info, Summary
 from prometheus_client.exposition import generate_latest as text_latest
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 
 from tracer.exposition import Exposition
 from tracer.metrics import Catalogue, exemplar
@@ -27,6 +28,16 @@ class _Timestamped(Collector):
         yield family
 
 
+class _ForwardedExemplars(Collector):
+    """A histogram whose exemplars have no timestamp and label values that need escaping."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily("forwarded_latency_seconds", "Latency as the engine reported it")
+        odd = Exemplar({"trace_id": "ab", "note": 'a "quoted"\\path\nline'}, 0.04)
+        family.add_metric([], [("0.05", 2.0, odd), ("+Inf", 3.0, Exemplar({"trace_id": "cd"}, 1.5))], 1.6)
+        yield family
+
+
 def _registry() -> tuple[CollectorRegistry, Catalogue]:
     registry = CollectorRegistry()
     catalogue = Catalogue(registry)
@@ -38,6 +49,8 @@ def _registry() -> tuple[CollectorRegistry, Catalogue]:
     Summary("upload_seconds", "Uploads", registry=registry).observe(0.3)
     Gauge("temperature_celsius", "Doc with a \\ backslash\nand a newline", unit="celsius", registry=registry).set(-2.5)
     registry.register(_Timestamped())
+    registry.register(_ForwardedExemplars())
+    Counter("retries", "Retries, each with the trace that retried", registry=registry).inc(exemplar={"trace_id": "ef"})
     return registry, catalogue
 
 
