@@ -36,8 +36,9 @@ from tracer.load import LengthSpec, LoadConfig, run_load_sync
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 
 
-def _scrape_loop(url: str, interval_s: float, stop: Any, results: Any) -> None:
+def _scrape_loop(url: str, interval_s: float, nice: int, stop: Any, results: Any) -> None:
     """The scraper process: GET `url` every `interval_s` until `stop` is set; put (scrapes, bytes, seconds)."""
+    os.nice(nice)
     scrapes, size, seconds = 0, 0, []
     next_at = time.monotonic()
     while not stop.is_set():
@@ -56,11 +57,14 @@ class Scraper:
     """Scrapes `url` every `interval_s` from a process of its own, as Prometheus would: a scraper thread in
     this process would take the load generator's GIL and skew the client-side timings it measures."""
 
-    def __init__(self, url: str, interval_s: float) -> None:
+    def __init__(self, url: str, interval_s: float, nice: int = 0) -> None:
         context = multiprocessing.get_context("spawn")
         self._stop, self._results = context.Event(), context.Queue()
         self._process = context.Process(
-            target=_scrape_loop, args=(url, interval_s, self._stop, self._results), name="bench-scraper", daemon=True
+            target=_scrape_loop,
+            args=(url, interval_s, nice, self._stop, self._results),
+            name="bench-scraper",
+            daemon=True,
         )
         self.scrapes, self.bytes, self.seconds = 0, 0, []
         self.started = self.stopped = 0.0
@@ -181,6 +185,13 @@ def main() -> None:
         default=0,
         help="with --via-sidecar: the sidecar's nice value (19: lowest CPU priority)",
     )
+    parser.add_argument(
+        "--scraper-nice",
+        type=int,
+        default=0,
+        help="the scraper's nice value: it stands for Prometheus, which usually runs on another machine; at 19"
+        " its own CPU (a request, reading the body) yields to serving and what is left is what answering costs",
+    )
     args = parser.parse_args()
     if args.quick:
         args.round_s, args.rounds = 10.0, 2
@@ -240,7 +251,7 @@ def main() -> None:
                 )
                 cpu_before = cpu_s_of(measured_pids)
                 if condition == "scraped":
-                    with Scraper(metrics_url, 1.0 / args.scrapes_per_s) as scraper:
+                    with Scraper(metrics_url, 1.0 / args.scrapes_per_s, args.scraper_nice) as scraper:
                         results[condition].append(run_load_sync(config))
                     scrapes.append(scraper)
                 else:
@@ -286,8 +297,9 @@ def main() -> None:
             f"gap p99 {low[1]:.3f}-{high[1]:.3f}; within 5% only if the interval lies in 0.95-1.05"
         )
     extra_cpu_ms = (cpu_s["scraped"] - cpu_s["unscraped"]) * 1000 / max(total_scrapes, 1)
+    measured = "router + workers" + (" + sidecar" if sidecar is not None else "")
     print(
-        f"server CPU (router + workers): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
+        f"server CPU ({measured}): unscraped {cpu_s['unscraped']:.1f} s, scraped {cpu_s['scraped']:.1f} s; "
         f"{extra_cpu_ms:.1f} ms more per scrape"
     )
     scraping_s = sum(s.stopped - s.started for s in scrapes)
