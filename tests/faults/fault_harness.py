@@ -202,7 +202,7 @@ class Phase:
 
     @property
     def ratio(self) -> float:
-        """Faulted over healthy output tokens per second, each side's slices summed by their midmean."""
+        """Faulted over healthy output tokens per second, each side's slices summarised by their midmean."""
         return midmean_tokens_per_s(self.faulted) / midmean_tokens_per_s(self.healthy)
 
     def extend(self, more: Phase) -> None:
@@ -224,13 +224,13 @@ class Phase:
 def midmean_tokens_per_s(results: list[RoundResult]) -> float:
     """Mean tokens per second of the middle half of the slices (the interquartile mean).
 
-    Why not the pooled mean: now and then a slice loses half a second to something outside both servers
-    (CI once printed pair ratios of 0.34-0.40 in five of 24 pairs and 1.8-2.0 in two, that is in both
-    directions; a stopped Prometheus, which costs a server nothing, showed the same here). One such stall empties a 0.75 s
-    slice and moves a 12-slice pooled mean by 5%, the whole bound. The midmean ignores the quarter of
-    slices at either end on both sides alike, so it stays unbiased between like servers, and keeps most
-    of the mean's precision; a fault that slows serving throughout still moves it in full. What it cannot
-    see, and neither can a test on a shared machine, is a fault that stalls only a few slices in a run.
+    Why not the pooled mean: now and then a slice loses half a second to something outside both servers.
+    CI once printed pair ratios of 0.34-0.40 in five of 24 pairs and 1.8-2.0 in two, that is in both
+    directions; a stopped Prometheus, which costs a server nothing, showed the same here. One such stall
+    empties a 0.75 s slice and moves a 12-slice pooled mean by 5%, the whole bound. The midmean ignores
+    the quarter of slices at either end on both sides alike, so it stays unbiased between like servers and
+    keeps most of the mean's precision; a fault that slows serving throughout still moves it in full. What
+    it cannot see, and neither can a test on a shared machine, is a fault that stalls only a few slices.
     """
     rates = sorted(r.tokens_per_s for r in results)
     quarter = len(rates) // 4
