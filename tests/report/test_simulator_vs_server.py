@@ -46,7 +46,7 @@ PERIODS = 10
 MAX_BATCH = 32
 # The model is fitted on the run it predicts, so it assumes the machine kept one speed through the run. A
 # gate run here once had its long prefills take 180-240 ms for most of the run and 92 ms at its end (130-220
-# ms in a steady run), and its median worst gap came out 57% under the prediction. A decode-alone probe
+# ms in a steady run), and the predicted median worst gap was 57% over the measured one. A decode-alone probe
 # after the load, against the one before it, tells such a run apart independently of the model; a run whose
 # machine changed speed by more than this factor is measured once more, and the second run is judged as it is.
 MAX_MACHINE_SPEED_CHANGE = 1.25
