@@ -128,7 +128,10 @@ def idle_scrape_cost_ms(url: str, pids: list[int], scrapes: int) -> list[float]:
     return [((process_cpu_s(p) - b) - idle * wall_s) * 1000 / scrapes for p, b, idle in zip(pids, before, idle_per_s)]
 
 
-def samples(result: Any) -> tuple[np.ndarray, np.ndarray]:
+Samples = tuple[np.ndarray, np.ndarray]
+
+
+def samples(result: Any) -> Samples:
     """(TTFT s of each successful request, every client-seen gap s between their chunks) of one run."""
     records = [r for r in result.records if r.status == "ok"]
     ttft = np.asarray([r.ttft_s for r in records if r.ttft_s is not None])
@@ -136,32 +139,32 @@ def samples(result: Any) -> tuple[np.ndarray, np.ndarray]:
     return ttft, gaps
 
 
-def pooled(results: list) -> tuple[float, float, int]:
-    """(TTFT p90 s, client gap p99 s, requests ok) over every successful request of `results`."""
-    ttft = np.concatenate([samples(result)[0] for result in results])
-    gaps = np.concatenate([samples(result)[1] for result in results])
-    ok = sum(1 for result in results for r in result.records if r.status == "ok")
-    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99)), ok
+def pooled(runs: list[Samples]) -> tuple[float, float]:
+    """(TTFT p90 s, client gap p99 s) over every request of `runs`."""
+    ttft = np.concatenate([run[0] for run in runs])
+    gaps = np.concatenate([run[1] for run in runs])
+    return float(np.percentile(ttft, 90)), float(np.percentile(gaps, 99))
 
 
-def round_bootstrap(unscraped: list, scraped: list, resamples: int = 2000, seed: int = 0) -> np.ndarray:
-    """Pooled scraped / unscraped ratios (TTFT p90, gap p99) over `resamples` draws of whole rounds with
-    replacement, each round's two runs drawn together: shape (resamples, 2).
+def ratios(unscraped: list[Samples], scraped: list[Samples]) -> tuple[float, float]:
+    """Scraped over unscraped (TTFT p90, client gap p99), each side pooled over its runs."""
+    (t0, g0), (t1, g1) = pooled(unscraped), pooled(scraped)
+    return t1 / t0, g1 / g0
+
+
+def round_bootstrap(
+    unscraped: list[Samples], scraped: list[Samples], resamples: int = 2000, seed: int = 0
+) -> np.ndarray:
+    """`ratios` over `resamples` draws of whole rounds with replacement, each round's two runs drawn
+    together: shape (resamples, 2).
 
     Rounds, not requests, are the unit: the machine's noise comes in stretches (a busy minute slows every
     request of a run), so requests within a run are not independent and resampling them would claim a
     precision the bench does not have.
     """
-    per_round = [(samples(u), samples(s)) for u, s in zip(unscraped, scraped)]
     rng = np.random.default_rng(seed)
-    ratios = np.empty((resamples, 2))
-    for i in range(resamples):
-        drawn = [per_round[j] for j in rng.integers(0, len(per_round), len(per_round))]
-        for column, (quantile, which) in enumerate(((90, 0), (99, 1))):
-            before = np.percentile(np.concatenate([u[which] for u, _ in drawn]), quantile)
-            after = np.percentile(np.concatenate([s[which] for _, s in drawn]), quantile)
-            ratios[i, column] = after / before
-    return ratios
+    draws = (rng.integers(0, len(unscraped), len(unscraped)) for _ in range(resamples))
+    return np.asarray([ratios([unscraped[j] for j in drawn], [scraped[j] for j in drawn]) for drawn in draws])
 
 
 def main() -> None:
@@ -267,23 +270,22 @@ def main() -> None:
             sidecar.terminate()
             sidecar.wait(30)
 
-    rows = {name: pooled(runs) for name, runs in results.items()}
+    by_run = {name: [samples(result) for result in runs] for name, runs in results.items()}
     total_scrapes = sum(s.scrapes for s in scrapes)
     scrape_s = np.asarray([x for s in scrapes for x in s.seconds])
     print()
     print("| condition | requests ok | TTFT p90 ms | client gap p99 ms |")
     print("|---|---|---|---|")
-    for name, (ttft_p90, gap_p99, ok) in rows.items():
+    for name, runs in by_run.items():
+        ttft_p90, gap_p99 = pooled(runs)
+        ok = sum(1 for result in results[name] for r in result.records if r.status == "ok")
         print(f"| {name} | {ok} | {ttft_p90 * 1000:.1f} | {gap_p99 * 1000:.1f} |")
-    (t0, g0, _), (t1, g1, _) = rows["unscraped"], rows["scraped"]
+    ttft_ratio, gap_ratio = ratios(by_run["unscraped"], by_run["scraped"])
     print()
-    print(f"scraped / unscraped: TTFT p90 {t1 / t0:.3f}, client gap p99 {g1 / g0:.3f}")
+    print(f"scraped / unscraped: TTFT p90 {ttft_ratio:.3f}, client gap p99 {gap_ratio:.3f}")
     # The same ratios round by round (each scraped run against the unscraped run of its round):
     # their spread is the machine's noise.
-    paired = [
-        (pooled([s])[0] / pooled([u])[0], pooled([s])[1] / pooled([u])[1])
-        for u, s in zip(results["unscraped"], results["scraped"])
-    ]
+    paired = [ratios([u], [s]) for u, s in zip(by_run["unscraped"], by_run["scraped"])]
     print(
         "per round: TTFT p90 "
         + ", ".join(f"{t:.2f}" for t, _ in paired)
@@ -291,7 +293,7 @@ def main() -> None:
         + ", ".join(f"{g:.2f}" for _, g in paired)
     )
     if args.rounds >= 5:
-        low, high = np.percentile(round_bootstrap(results["unscraped"], results["scraped"]), [5, 95], axis=0)
+        low, high = np.percentile(round_bootstrap(by_run["unscraped"], by_run["scraped"]), [5, 95], axis=0)
         print(
             f"90% interval over rounds (bootstrap): TTFT p90 {low[0]:.3f}-{high[0]:.3f}, "
             f"gap p99 {low[1]:.3f}-{high[1]:.3f}; within 5% only if the interval lies in 0.95-1.05"
