@@ -18,14 +18,23 @@ bench/verdict_ab.py is the full check: two shapes, every layout, a finer search.
 Attainment is the client's (per streamed chunk), which can only be stricter than the per-token gaps the
 report models: at 150 ms the objective is several decode steps even at a full batch, so a chunk of two
 tokens does not decide a request. The report simulates the same horizon it is checked on.
+
+The prediction is fitted on the traced run and judged on runs a minute or two later, and this machine's
+speed drifts within minutes (a decode-alone request here took 0.66 s and 1.22 s a minute apart on one idle
+server). So each colocated run's decode steps are compared with the traced run's at equal batch sizes, from
+the server's own step spans and without the report's model (`step_time_ratio`). A check that fails on a run
+whose steps ran more than MAX_MACHINE_SPEED_CHANGE slower or faster than the traced run's is blamed on the
+machine: the whole check is tried once more on a fresh server, and that second try is judged as it is. A
+check that fails on a machine that kept its speed fails the test at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
+import numpy as np
 import torch
 
 from reference_server.kv_cache import kv_bytes_per_token
@@ -35,15 +44,26 @@ from reference_server.process import ServerProcess
 from tracer.load import ClientSLO, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import OptionResult, ReportOptions, build_report
 from tracer.report.simulate import SLO
+from tracer.report.tables import StepTable, load_traces
 
 PRESET = "small"
 WORKERS = 2
 SLO_TTFT_S, SLO_ITL_S = 2.0, 0.15
 PROMPT, OUTPUT = LengthSpec(64), LengthSpec(128)
-TRACED_RATE_RPS = 3.0  # total; batches of several requests per worker, so the fit sees the batches it prices
+# Total, about half of capacity here, so the step fit sees batches of up to about ten requests. Traced at 3
+# req/s (batches of 4-6) the fit priced a request's decode step dearer than full batches cost on this CPU, and
+# the measured capacity sat 1.25-1.5x over the prediction, at the top of the tolerance (one run here passed
+# at FAIL_AT); traced at 4.5 it sat 1.0-1.25x over in three runs.
+TRACED_RATE_RPS = 4.5
 HORIZON_S = 20.0
 MIN_REQUESTS = 40
 PASS_AT, FAIL_AT = 0.75, 1.5
+TARGET_ATTAINMENT = 0.9
+# A run whose decode steps took this many times longer (or shorter) than the traced run's at the same batch
+# sizes was served by a machine of another speed than the one the prediction was fitted on.
+MAX_MACHINE_SPEED_CHANGE = 1.25
+# Decode-only steps needed at one batch size on both sides for that size to count, and in all for a ratio.
+MIN_STEPS_PER_BATCH, MIN_STEPS_COMPARED = 5, 20
 
 
 def _attainment(url: str, rate_rps: float, seed: int) -> float:
@@ -79,15 +99,6 @@ def _warm(url: str) -> None:
     run_load_sync(LoadConfig(url=url, model=PRESET, requests=6, rate_rps=6.0, prompt=PROMPT, output=OUTPUT, seed=1))
 
 
-@pytest.fixture(scope="module")
-def colocated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
-    workdir = tmp_path_factory.mktemp("verdict")
-    traces = workdir / "traces.jsonl"
-    with _serve(["--mode", "colocated", "--workers", str(WORKERS)], workdir / "colocated.log", traces) as server:
-        _warm(server.url)
-        yield server, traces
-
-
 def _predictions(traces: Path) -> dict[str, OptionResult]:
     options = ReportOptions(
         SLO(ttft_s=SLO_TTFT_S, itl_s=SLO_ITL_S),
@@ -102,23 +113,123 @@ def _predictions(traces: Path) -> dict[str, OptionResult]:
     return {option.label: option for option in report.goodput}
 
 
-def test_predicted_goodput_holds_on_the_served_layouts(colocated: tuple[ServerProcess, Path], tmp_path: Path) -> None:
-    server, traces = colocated
-    traced_attainment = _attainment(server.url, TRACED_RATE_RPS, seed=11)
-    predicted = _predictions(traces)
-    best, split = predicted[f"colocated x{WORKERS}"], predicted["split 1:1"]
-    assert best.goodput_per_gpu > split.goodput_per_gpu, predicted  # the report's order on short prompts
-    measured = {
-        "traced": traced_attainment,
-        "colocated at PASS_AT": _attainment(server.url, PASS_AT * best.goodput_per_gpu * WORKERS, seed=12),
-        "colocated at FAIL_AT": _attainment(server.url, FAIL_AT * best.goodput_per_gpu * WORKERS, seed=13),
-    }
+@dataclass(frozen=True)
+class Window:
+    """Wall-clock nanoseconds during which one load ran (the clock the server's spans are stamped with)."""
+
+    start_ns: int
+    end_ns: int
+
+
+def _timed_attainment(url: str, rate_rps: float, seed: int) -> tuple[float, Window]:
+    start_ns = time.time_ns()
+    attainment = _attainment(url, rate_rps, seed)
+    return attainment, Window(start_ns, time.time_ns())
+
+
+def step_time_ratio(steps: StepTable, window: Window, reference: Window) -> float | None:
+    """How many times longer the server's decode-only steps took in `window` than in `reference`, at equal
+    batch sizes: per batch size the ratio of mean step durations, then the median of those ratios weighted
+    by the steps compared. Means within a batch size, because time the machine loses to other work (a
+    stalled virtual CPU) lengthens some steps without moving the median step, and costs capacity all the
+    same; the median across batch sizes, so that one stall does not decide the ratio. Independent of the
+    report's model: raw step spans, no fit. None when fewer than MIN_STEPS_COMPARED steps could be paired
+    (the two runs' batches did not overlap)."""
+    decode_only = steps.prefill_tokens == 0
+
+    def inside(w: Window) -> np.ndarray:
+        return decode_only & (steps.start_ns >= w.start_ns) & (steps.start_ns < w.end_ns)
+
+    in_window, in_reference = inside(window), inside(reference)
+    ratios, counts = [], []
+    for batch in np.unique(steps.decode_requests[in_window & decode_only]):
+        here = in_window & (steps.decode_requests == batch)
+        there = in_reference & (steps.decode_requests == batch)
+        compared = min(int(here.sum()), int(there.sum()))
+        if compared >= MIN_STEPS_PER_BATCH:
+            ratios.append(float(np.mean(steps.duration_s[here]) / np.mean(steps.duration_s[there])))
+            counts.append(compared)
+    if sum(counts) < MIN_STEPS_COMPARED:
+        return None
+    order = np.argsort(ratios)
+    cumulative = np.cumsum(np.asarray(counts)[order])
+    return float(np.asarray(ratios)[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+
+
+def _chained_step_time_ratios(steps: StepTable, traced: Window, windows: dict[str, Window]) -> dict[str, float | None]:
+    """Each window's step_time_ratio against the traced run, taken through the window before it: runs at
+    neighbouring rates share batch sizes, while the traced run's batches (up to about ten requests) and the
+    FAIL_AT run's (nearly all full) do not. `windows` in the order they ran."""
+    ratios: dict[str, float | None] = {}
+    previous: Window = traced
+    previous_ratio: float | None = 1.0
+    for check, window in windows.items():
+        step = step_time_ratio(steps, window, previous)
+        ratio = None if step is None or previous_ratio is None else step * previous_ratio
+        ratios[check], previous, previous_ratio = ratio, window, ratio
+    return ratios
+
+
+@dataclass
+class Try:
+    """One traced run, its predictions, and every layout measured at the rates they imply."""
+
+    colocated: OptionResult
+    split: OptionResult
+    attainment: dict[str, float] = field(default_factory=dict)
+    # Per colocated check: its run's step_time_ratio against the traced run (None: not comparable).
+    step_time_ratio: dict[str, float | None] = field(default_factory=dict)
+
+    def failures(self) -> list[str]:
+        passes = {
+            "colocated at PASS_AT": self.attainment["colocated at PASS_AT"] >= TARGET_ATTAINMENT,
+            "colocated at FAIL_AT": self.attainment["colocated at FAIL_AT"] < TARGET_ATTAINMENT,
+            "split at PASS_AT": self.attainment["split at PASS_AT"] >= TARGET_ATTAINMENT,
+        }
+        return [check for check, passed in passes.items() if not passed]
+
+    def machine_moved(self, check: str) -> bool:
+        """Whether the machine ran `check`'s run at another speed than the traced run (unknown: no)."""
+        ratio = self.step_time_ratio.get(check)
+        return ratio is not None and max(ratio, 1 / ratio) > MAX_MACHINE_SPEED_CHANGE
+
+    def describe(self) -> str:
+        ratios = {check: None if r is None else round(r, 2) for check, r in self.step_time_ratio.items()}
+        return (
+            f"predicted {self.colocated.goodput_per_gpu:.3f} / {self.split.goodput_per_gpu:.3f} req/s/GPU;"
+            f" attainment {self.attainment}; decode step time over the traced run's {ratios}"
+        )
+
+
+def _try(workdir: Path) -> Try:
+    workdir.mkdir()
+    traces = workdir / "traces.jsonl"
+    # Every decode-only step's span kept (the default keeps 1 in 10), for step_time_ratio.
+    colocated_args = ["--mode", "colocated", "--workers", str(WORKERS), "--step-sample", "1"]
+    with _serve(colocated_args, workdir / "colocated.log", traces) as server:
+        _warm(server.url)
+        traced_attainment, traced = _timed_attainment(server.url, TRACED_RATE_RPS, seed=11)
+        predicted = _predictions(traces)
+        result = Try(predicted[f"colocated x{WORKERS}"], predicted["split 1:1"], {"traced": traced_attainment})
+        assert result.colocated.goodput_per_gpu > result.split.goodput_per_gpu, predicted  # the report's order
+        windows = {}
+        for check, at, seed in (("colocated at PASS_AT", PASS_AT, 12), ("colocated at FAIL_AT", FAIL_AT, 13)):
+            rate_rps = at * result.colocated.goodput_per_gpu * WORKERS
+            result.attainment[check], windows[check] = _timed_attainment(server.url, rate_rps, seed)
+    result.step_time_ratio = _chained_step_time_ratios(load_traces([traces]).steps, traced, windows)
     split_args = ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1"]
-    with _serve(split_args, tmp_path / "split.log") as split_server:
+    with _serve(split_args, workdir / "split.log") as split_server:
         _warm(split_server.url)
-        measured["split at PASS_AT"] = _attainment(split_server.url, PASS_AT * split.goodput_per_gpu * WORKERS, seed=12)
-    context = f"predicted {best.goodput_per_gpu:.3f} / {split.goodput_per_gpu:.3f} req/s/GPU; attainment {measured}"
-    print(context)  # shown by pytest -s, and with any failure
-    assert measured["colocated at PASS_AT"] >= 0.9, context
-    assert measured["colocated at FAIL_AT"] < 0.9, context
-    assert measured["split at PASS_AT"] >= 0.9, context
+        rate_rps = PASS_AT * result.split.goodput_per_gpu * WORKERS
+        result.attainment["split at PASS_AT"] = _attainment(split_server.url, rate_rps, seed=12)
+    return result
+
+
+def test_predicted_goodput_holds_on_the_served_layouts(tmp_path: Path) -> None:
+    result = _try(tmp_path / "first")
+    failed = result.failures()
+    if failed and all(result.machine_moved(check) for check in failed):
+        print(f"failed {failed} on a machine whose speed moved ({result.describe()}): trying again")
+        result = _try(tmp_path / "second")
+    print(result.describe())  # shown by pytest -s, and with any failure
+    assert not result.failures(), result.describe()
