@@ -20,8 +20,8 @@ report models: at 150 ms the objective is several decode steps even at a full ba
 tokens does not decide a request. The report simulates the same horizon it is checked on.
 
 The prediction is fitted on the traced run and judged on runs a minute or two later, and this machine's
-speed drifts within minutes (a decode-alone request here took 0.66 s and 1.22 s a minute apart on one idle
-server). So each colocated run's decode steps are compared with the traced run's at equal batch sizes, from
+speed drifts within minutes (a decode-alone request here took 0.66 s and 1.22 s half a minute apart on one
+idle server). So each colocated run's decode steps are compared with the traced run's at equal batch sizes, from
 the server's own step spans and without the report's model (`step_time_ratio`). A check that fails on a run
 whose steps ran more than MAX_MACHINE_SPEED_CHANGE slower or faster than the traced run's is blamed on the
 machine: the whole check is tried once more on a fresh server, and that second try is judged as it is. A
