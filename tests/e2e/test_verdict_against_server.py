@@ -142,7 +142,7 @@ def step_time_ratio(steps: StepTable, window: Window, reference: Window) -> floa
 
     in_window, in_reference = inside(window), inside(reference)
     ratios, counts = [], []
-    for batch in np.unique(steps.decode_requests[in_window & decode_only]):
+    for batch in np.unique(steps.decode_requests[in_window]):
         here = in_window & (steps.decode_requests == batch)
         there = in_reference & (steps.decode_requests == batch)
         compared = min(int(here.sum()), int(there.sum()))
