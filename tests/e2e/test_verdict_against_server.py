@@ -151,9 +151,7 @@ def step_time_ratio(steps: StepTable, window: Window, reference: Window) -> floa
             counts.append(compared)
     if sum(counts) < MIN_STEPS_COMPARED:
         return None
-    order = np.argsort(ratios)
-    cumulative = np.cumsum(np.asarray(counts)[order])
-    return float(np.asarray(ratios)[order][np.searchsorted(cumulative, cumulative[-1] / 2)])
+    return float(np.quantile(ratios, 0.5, weights=counts, method="inverted_cdf"))
 
 
 def _chained_step_time_ratios(steps: StepTable, traced: Window, windows: dict[str, Window]) -> dict[str, float | None]:
