@@ -9,9 +9,12 @@ rounds) a 90% bootstrap interval of each ratio over rounds: what the run can tel
 rounds on one server keeps slow drift of a shared machine out of the ratio. Before the rounds, the CPU one
 scrape costs each process (router, workers) is measured on the idle server from back-to-back scrapes.
 
-`--via-sidecar` runs the same server shipping its records to a `splitscope sidecar` and scrapes the sidecar's
-/metrics instead: no serving process does any work for a scrape, so what remains is the CPU the scrape takes
-elsewhere on the machine (`--sidecar-nice 19` runs the sidecar at the lowest CPU priority).
+`--via-exporter` runs the server as a deployment should be scraped: `splitscope serve --exporter-port`, whose
+metrics exporter (a sidecar at nice 19 that every process ships its spans and gauges to) serves the whole
+server's /metrics, and scrapes that. `--via-sidecar` is the manual version of the same: a `splitscope
+sidecar` started by this script (`--sidecar-nice 19` for the lowest CPU priority) and the workers shipping to
+it; its /metrics is scraped. In both, no serving process does any work for a scrape, so what remains is the
+CPU the scrape takes elsewhere on the machine.
 
 Run: `python bench/metrics_scrape.py` from bench/ or the repository root (about 5 minutes on a 2-core CPU
 machine); `--quick` shortens it.
@@ -178,6 +181,11 @@ def main() -> None:
     parser.add_argument("--cost-scrapes", type=int, default=200, help="back-to-back scrapes of the idle server")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 10 s per condition")
     parser.add_argument(
+        "--via-exporter",
+        action="store_true",
+        help="serve with `--exporter-port` and scrape the exporter's /metrics (the recommended deployment)",
+    )
+    parser.add_argument(
         "--via-sidecar",
         action="store_true",
         help="the server ships its records to a `splitscope sidecar`, and the scraper scrapes the sidecar's /metrics",
@@ -208,6 +216,10 @@ def main() -> None:
         sidecar = start_sidecar(sidecar_dir, sidecar_port, args.sidecar_nice)
         layout += ["--sidecar-socket", str(sidecar_dir / "sidecar.sock")]
         metrics_url = f"http://127.0.0.1:{sidecar_port}/metrics"
+    if args.via_exporter:
+        exporter_port = free_port()
+        layout += ["--exporter-port", str(exporter_port)]
+        metrics_url = f"http://127.0.0.1:{exporter_port}/metrics"
     server = start_server(args.preset, layout, port, log_path)
     measured_pids = [*server_pids(server.pid), *([sidecar.pid] if sidecar is not None else [])]
     results: dict[str, list] = {"unscraped": [], "scraped": []}
@@ -227,7 +239,8 @@ def main() -> None:
         run_load_sync(warm)  # first requests pay one-off costs (allocations, caches)
         cost_ms = idle_scrape_cost_ms(metrics_url, measured_pids, args.cost_scrapes)
         print(
-            f"CPU per scrape of the idle server (router, each worker{', the sidecar' if sidecar else ''}): "
+            f"CPU per scrape of the idle server (router, each child process{' (the exporter first)' if args.via_exporter else ''}"
+            f"{', the sidecar' if sidecar else ''}): "
             f"{', '.join(f'{c:.2f}' for c in cost_ms)} ms "
             f"({sum(cost_ms):.1f} ms in all, {args.cost_scrapes} scrapes)",
             flush=True,

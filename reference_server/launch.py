@@ -14,6 +14,7 @@ keep serving.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from typing import Any
 import click
 
 from reference_server.engine_options import EngineOptions, worker_argv
+from reference_server.metrics_exporter import Exporter, start_exporter, stop_exporter
 from reference_server.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
@@ -48,6 +50,7 @@ class ServeConfig(EngineOptions):
     host: str = "127.0.0.1"
     port: int = 8000
     metrics_port: int | None = None
+    exporter_port: int | None = None  # run the metrics exporter (metrics_exporter.py) with /metrics here
     slo_ttft: float | None = None  # seconds; the router marks root spans that miss it
     slo_itl: float | None = None  # seconds, on each request's p99 inter-token gap
     startup_timeout_s: float = 300.0
@@ -79,6 +82,8 @@ class ServeConfig(EngineOptions):
         ):
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1 (got {value})")
+        if self.exporter_port is not None and self.sidecar_socket:
+            raise ValueError("--exporter-port runs its own sidecar for the server; drop --sidecar-socket")
         if self.token_budget <= self.max_batch:
             raise ValueError(f"--chunk-budget ({self.token_budget}) must exceed --max-batch ({self.max_batch})")
         if not 0 <= self.kv_wait_s <= 60:
@@ -204,6 +209,26 @@ async def serve(
     config: ServeConfig, on_ready: Callable[[str], None] | None = None, stop: asyncio.Event | None = None
 ) -> None:
     """Run the server until SIGTERM/SIGINT (or `stop` is set). `on_ready(url)` once it serves."""
+    loop = asyncio.get_running_loop()
+    stop = stop or asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    exporter = None
+    if config.exporter_port is not None:  # first: every process below ships to it
+        exporter = await start_exporter(
+            config.host, config.exporter_port, config.traces_file, config.mode, config.startup_timeout_s
+        )
+        config = dataclasses.replace(config, sidecar_socket=exporter.socket_path)
+    try:
+        await _serve(config, on_ready, stop, exporter)
+    finally:
+        if exporter is not None:  # last: the router and workers flushed into it
+            await stop_exporter(exporter, STOP_GRACE_S)
+
+
+async def _serve(
+    config: ServeConfig, on_ready: Callable[[str], None] | None, stop: asyncio.Event, exporter: Exporter | None
+) -> None:
     from aiohttp import web
     from prometheus_client import CollectorRegistry
 
@@ -212,10 +237,6 @@ async def serve(
     from tracer.gpu import GpuSampler
     from tracer.slo_outcome import RequestSlo
 
-    loop = asyncio.get_running_loop()
-    stop = stop or asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     tracing = start_tracing(
         None,
         None,
@@ -268,6 +289,7 @@ async def serve(
             bound_ports.append(sock.getsockname()[1])
         url = f"http://{_url_host(config.host)}:{bound_ports[0]}"
         metrics = f", metrics on :{bound_ports[1]}" if len(bound_ports) > 1 else ""
+        metrics += f", exporter /metrics on :{exporter.port}" if exporter is not None else ""
         click.echo(f"serving {config.preset} ({config.mode}: {', '.join(w.name for w in workers)}) on {url}{metrics}")
         if on_ready is not None:
             on_ready(url)
@@ -319,6 +341,14 @@ def _url_host(host: str) -> str:
 )
 @click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
 @click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
+@click.option(
+    "--exporter-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="run a metrics exporter (a sidecar at the lowest CPU priority) that every process ships to, serving "
+    "the whole server's /metrics on this port: scrape it instead of the router, and a scrape costs the "
+    "serving processes nothing (0 picks a free port, printed)",
+)
 @click.option(
     "--chunk-budget",
     "token_budget",

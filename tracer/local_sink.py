@@ -40,6 +40,11 @@ class MetricsRecorder:
                 return None
         return bound
 
+    def bind_worker(self, pool: str, worker: str) -> None:
+        """Create a worker's series now (at 0), as the worker's own catalogue does when it starts, rather
+        than at its first span: a counter first seen above 0 hides its first increase."""
+        self._worker({s.ATTR_POOL: pool, s.ATTR_WORKER: worker})
+
     def record(self, data: s.SpanData) -> None:
         """Meter one span (tests, single spans); a batch goes through `record_many`."""
         self.record_many((data,))

@@ -336,6 +336,25 @@ class Catalogue:
         for reason in REQUEST_ABORT_REASONS:
             self.requests_aborted.labels(reason=reason)
 
+    def process_set(self) -> dict[str, Gauge | Counter]:
+        """The families a process sets itself, by family name: gauges it measures (queue depth, KV cache
+        use, live workers, GPUs) and counters it increments directly, as opposed to those derived from its
+        spans. A process shipping its spans to a sidecar sends these in metrics snapshots (wire.py), since
+        no span carries them."""
+        families: tuple[Gauge | Counter, ...] = (
+            self.requests_waiting,
+            self.requests_running,
+            self.kv_cache_usage,
+            self.pool_workers,
+            self.gpu_utilization,
+            self.gpu_memory_used,
+            self.gpu_telemetry_up,
+            self.tracer_pending,
+            self.tracer_dropped,
+            self.requests_aborted,
+        )
+        return {family.describe()[0].name: family for family in families}
+
     def bind(self, pool: str, worker: str) -> WorkerMetrics:
         """The label children of one worker, created once."""
         if pool not in POOLS:

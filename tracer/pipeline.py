@@ -239,7 +239,10 @@ class Pipeline:
         max_pending: int = 16384,
         on_drop: Callable[[str, int], None] | None = None,
         pending_gauge: Any | None = None,
+        after_drain: Callable[[], None] | None = None,
     ) -> None:
+        """`after_drain`, when given, runs on the pipeline thread after every timed drain (the sidecar
+        path ships the process's gauges there: tracer.sidecar.client.MetricsShipper)."""
         self.ring = ring
         self.span_builder = span_builder
         self.sink = sink
@@ -248,6 +251,7 @@ class Pipeline:
         self._pending: list[Any] = []
         self._on_drop = on_drop
         self._pending_gauge = pending_gauge
+        self._after_drain = after_drain
         self._reported_ring_drops = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -269,6 +273,8 @@ class Pipeline:
         while not self._stop.wait(self.interval_s):
             try:
                 self.drain_once()
+                if self._after_drain is not None:
+                    self._after_drain()
             except Exception:  # the pipeline must outlive any one bad record
                 log.exception("splitscope pipeline: drain failed")
 

@@ -25,7 +25,7 @@ from tracer.records import RecordRing
 from tracer.resource import default_service_name, resource_attributes
 from tracer.slo_outcome import RequestSlo
 from tracer.timing import default_clock
-from tracer.vocabulary import DropReason
+from tracer.vocabulary import ATTR_WORKER, DropReason
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
@@ -112,13 +112,17 @@ def start_tracing(
     registry = catalogue.registry if catalogue is not None else registry
     counter = catalogue.tracer_dropped if catalogue is not None else None
     dropped = DropCounts(None if counter is None else lambda reason, n: counter.labels(reason=reason).inc(n))
-    resource = resource_attributes(service_name or default_service_name(pool))
+    # A worker names itself in its resource too: a sidecar keeps each worker's series apart by it.
+    resource = resource_attributes(service_name or default_service_name(pool), {ATTR_WORKER: worker} if worker else None)
+    after_drain = None
     if sink is None and sidecar_socket:
-        from tracer.sidecar.client import SidecarSink
+        from tracer.sidecar.client import MetricsShipper, SidecarSink
 
         sink = SidecarSink(
             sidecar_socket, on_drop=lambda n: dropped.add(DropReason.SIDECAR_UNREACHABLE, n), resource=resource
         )
+        if catalogue is not None:  # what no span carries (queue depth, KV cache use) goes as snapshots
+            after_drain = MetricsShipper(sink, catalogue.process_set()).ship
     if sink is None:
         sink = _local_sink(resource, catalogue, traces_file, processors, dropped)
     clock = default_clock(device)
@@ -130,6 +134,7 @@ def start_tracing(
         interval_s=interval_s,
         on_drop=dropped.add,
         pending_gauge=catalogue.tracer_pending if catalogue is not None else None,
+        after_drain=after_drain,
     ).start()
     return TracingSession(RecordingTracer(clock, ring), pipeline, catalogue, registry, dropped)
 

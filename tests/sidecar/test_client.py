@@ -113,16 +113,21 @@ def test_session_in_a_subprocess_ships_spans_through_the_socket(make_sidecar, tm
     prefill = next(span for span in spans if span.name == s.SPAN_PREFILL)
     assert prefill.parent_span_id == f"{0x42:016x}" and prefill.duration_s == pytest.approx(0.048)
     assert prefill.resource["service.name"] == "splitscope-prefill"  # as the worker would name itself
-    registry = sidecar.registry
+    # Metered as the worker's own series: labelled with the worker that named itself in its handshake.
+    registry = sidecar.exposed_registry
     assert (
         registry.get_sample_value(
-            "splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}
+            "splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true", "worker": "p0"}
         )
         == 10
     )
     assert (
-        registry.get_sample_value("splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "prefill"}) == 1
+        registry.get_sample_value(
+            "splitscope_stage_duration_seconds_count", {"stage": "queue", "pool": "prefill", "worker": "p0"}
+        )
+        == 1
     )
+    assert registry.get_sample_value("splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}) is None
 
 
 def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):

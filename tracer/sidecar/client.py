@@ -13,6 +13,9 @@ Contract (DESIGN section 9: a dead sidecar never stalls serving):
 - Every dropped span is reported through `on_drop(count)` (tracer.session counts them as
   `splitscope_tracer_dropped_records_total{reason="sidecar_unreachable"}`); it may be called from the
   pipeline thread or the sender thread.
+- Metrics snapshots (`emit_snapshot`, the process's own gauges and counters: `MetricsShipper`) are not
+  queued: only the latest is kept, sent before any span frame, and sent again after every reconnect, so a
+  sidecar that restarts has every value again within one pipeline interval of the worker reconnecting.
 """
 
 from __future__ import annotations
@@ -22,13 +25,16 @@ import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tracer import spans as s
 from tracer.resource import resource_attributes
 from tracer.sidecar import wire
 from tracer.sidecar.auth import TOKEN_ENV
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Gauge
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,8 @@ class SidecarSink:
         self.max_backoff_s = max_backoff_s
         self._frames: deque[tuple[bytes, int]] = deque()
         self._buffered_spans = 0
+        self._snapshot: bytes | None = None  # the latest metrics snapshot frame
+        self._snapshot_due = False  # not yet sent on the current connection
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -94,15 +102,23 @@ class SidecarSink:
         if dropped:
             self._drop(dropped)
 
+    def emit_snapshot(self, samples: Sequence[tuple[str, dict[str, str], float]]) -> None:
+        """Send `samples` (family, labels, value) as the process's current metric values, replacing any
+        snapshot not yet sent. Never blocks."""
+        frame = wire.encode_snapshot(samples)
+        with self._lock:
+            self._snapshot, self._snapshot_due = frame, True
+            self._wakeup.notify()
+
     # ------------------------------------------------------------------ sender thread
 
     def _run(self) -> None:
         backoff_s = 0.02
         while True:
             with self._lock:
-                while not self._frames and not self._stopping.is_set():
+                while not self._frames and not self._snapshot_due and not self._stopping.is_set():
                     self._wakeup.wait()
-                if not self._frames:
+                if not self._frames and not self._snapshot_due:
                     break  # stopping, nothing left
             if self._sock is None:
                 if not self._connect():
@@ -112,10 +128,14 @@ class SidecarSink:
                     continue
                 backoff_s = 0.02
             with self._lock:
-                if not self._frames:
+                if self._snapshot_due and self._snapshot is not None:
+                    frame, n = self._snapshot, 0
+                    self._snapshot_due = False
+                elif self._frames:
+                    frame, n = self._frames.popleft()
+                    self._buffered_spans -= n
+                else:
                     continue
-                frame, n = self._frames.popleft()
-                self._buffered_spans -= n
             sock = self._sock
             assert sock is not None  # connected above; only this thread closes it
             try:
@@ -147,6 +167,8 @@ class SidecarSink:
         self._sock = sock
         self.connects += 1
         self.last_error = ""
+        with self._lock:  # a new connection may be a new sidecar: it has none of our values yet
+            self._snapshot_due = self._snapshot is not None
         return True
 
     def _resource_attributes(self) -> dict[str, Any]:
@@ -200,3 +222,32 @@ def _read_line(sock: socket.socket, limit: int) -> bytes:
         if len(data) > limit:
             raise ConnectionError("handshake answer too long")
     return bytes(data)
+
+
+class MetricsShipper:
+    """Sends a process's own gauges and counters (`Catalogue.process_set()`) to the sidecar when they change.
+
+    `ship()` runs on the pipeline thread after each drain (tracer.session wires it): it collects the few
+    families (a few dozen samples, tens of microseconds) and hands the sink a snapshot only when a value
+    moved since the last one, so an idle worker sends nothing.
+    """
+
+    def __init__(self, sink: SidecarSink, families: Mapping[str, Gauge | Counter]) -> None:
+        self.sink = sink
+        self.families = dict(families)
+        self._last: list[tuple[str, dict[str, str], float]] | None = None
+
+    def snapshot(self) -> list[tuple[str, dict[str, str], float]]:
+        """(family, labels, value) of every series of the families: a counter's running total, a gauge's value."""
+        out = []
+        for name, metric in self.families.items():
+            for family in metric.collect():
+                value_sample = name + "_total" if family.type == "counter" else name
+                out.extend((name, x.labels, x.value) for x in family.samples if x.name == value_sample)
+        return out
+
+    def ship(self) -> None:
+        samples = self.snapshot()
+        if samples != self._last:
+            self.sink.emit_snapshot(samples)
+            self._last = samples

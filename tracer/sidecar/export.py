@@ -59,7 +59,7 @@ class SpanExport:
     def __init__(
         self,
         queue: IngestQueue,
-        metrics: MetricsRecorder,
+        metrics: MetricsRecorder | Callable[[tuple], MetricsRecorder],
         *,
         traces_file: str | None = None,
         processors: Sequence[SpanProcessor] = (),
@@ -72,7 +72,8 @@ class SpanExport:
         overlap: OverlapClassifier | None = None,
     ) -> None:
         self.queue = queue
-        self.metrics = metrics
+        # The recorder for a batch's resource (the sidecar meters each worker apart: worker_series.py)
+        self.metrics_for = metrics if callable(metrics) else lambda _resource: metrics
         self.traces_file = traces_file
         self.processors = list(processors)
         self.vllm = vllm
@@ -170,7 +171,7 @@ class SpanExport:
                 metered.append(span)
             if span.sampled:
                 out.append(span)
-        self.metrics.record_many(metered)
+        self.metrics_for(batch.resource).record_many(metered)
         return out
 
     def _add_stage(

@@ -264,14 +264,35 @@ def scrape_health(scrapers: Iterable[EngineScraper]) -> list[Metric]:
 
 
 class MergedCollector(Collector):
-    """Our registry's families plus scraped ones, merged by family name (the catalogue wins)."""
+    """Our registry's families, then `workers`' (each worker's series, tracer.sidecar.worker_series), plus
+    scraped ones, merged by family name (the catalogue wins); `labels` (the deployment's `namespace`) added
+    to every series that does not carry its own."""
 
-    def __init__(self, registry: CollectorRegistry, scrapers: Iterable[EngineScraper]) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        scrapers: Iterable[EngineScraper],
+        workers: Collector | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
         self.registry = registry
         self.scrapers = list(scrapers)
+        self.workers = workers
+        self.labels = dict(labels or {})
 
     def collect(self) -> Iterator[Metric]:
+        for family in self._collect():
+            if self.labels:
+                family.samples = [s._replace(labels={**self.labels, **s.labels}) for s in family.samples]
+            yield family
+
+    def _collect(self) -> Iterator[Metric]:
         ours = {family.name: family for family in self.registry.collect()}
+        for family in self.workers.collect() if self.workers is not None else ():
+            if family.name in ours:
+                _merge_into(ours[family.name], family)
+            else:
+                ours[family.name] = family
         extra: dict[str, Metric] = {}
         for scraper in self.scrapers:
             for family in scraper.collect():
@@ -300,8 +321,13 @@ def _merge_into(into: Metric, other: Metric) -> None:
     into.samples.extend(sample for sample in other.samples if _series_key(sample) not in present)
 
 
-def merged_registry(registry: CollectorRegistry, scrapers: Iterable[EngineScraper]) -> CollectorRegistry:
-    """A registry to expose: `registry` (the catalogue) merged with the scrapers' families."""
+def merged_registry(
+    registry: CollectorRegistry,
+    scrapers: Iterable[EngineScraper],
+    workers: Collector | None = None,
+    labels: dict[str, str] | None = None,
+) -> CollectorRegistry:
+    """A registry to expose: `registry` (the catalogue) merged with the workers' and the scrapers' families."""
     merged = CollectorRegistry(auto_describe=False)
-    merged.register(MergedCollector(registry, scrapers))
+    merged.register(MergedCollector(registry, scrapers, workers, labels))
     return merged

@@ -23,9 +23,9 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from tracer.gpu import GpuSampler
-from tracer.local_sink import MetricsRecorder
-from tracer.metrics import Catalogue, serve_metrics
+from tracer.metrics import NAMESPACE_LABEL, Catalogue, serve_metrics
 from tracer.otel import span_processors
+from tracer.resource import env_resource_attributes
 from tracer.sidecar.auth import token_for
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import IngestQueue
@@ -37,7 +37,8 @@ from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
-from tracer.vocabulary import DropReason, Mode
+from tracer.sidecar.worker_series import WorkerSeries
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, DropReason, Mode
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,15 @@ class Sidecar:
             )
             for engine, url in config.scrape
         ]
-        self.exposed_registry = merged_registry(self.registry, self.scrapers)
+        # Our workers' spans and snapshots meter catalogues of their own, exposed with their `worker` label.
+        self.worker_series = WorkerSeries(self.catalogue)
+        namespace = env_resource_attributes(config.environ).get(RESOURCE_SERVICE_NAMESPACE)
+        self.exposed_registry = merged_registry(
+            self.registry, self.scrapers, self.worker_series, {NAMESPACE_LABEL: namespace} if namespace else None
+        )
         self.export = SpanExport(
             self.queue,
-            MetricsRecorder(self.catalogue),
+            self.worker_series.recorder_for,
             traces_file=config.traces_file,
             processors=span_processors(
                 None,
@@ -162,7 +168,12 @@ class Sidecar:
         try:
             if config.unix_socket:
                 self.unix = UnixIngestServer(
-                    config.unix_socket, self.queue, token=token, on_drop=self._count_drop
+                    config.unix_socket,
+                    self.queue,
+                    token=token,
+                    on_drop=self._count_drop,
+                    on_snapshot=self.worker_series.apply_snapshot,
+                    on_disconnect=self.worker_series.disconnected,
                 ).start()
             if config.grpc_port is not None:
                 self.grpc_server, self.grpc_port = start_grpc_server(

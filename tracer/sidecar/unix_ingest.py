@@ -2,7 +2,9 @@
 
 One accept thread and one thread per connection (at most `max_connections`; more are refused in the
 handshake). A connection thread reads a frame, decodes it (msgspec validates every field) and offers it to
-the IngestQueue; it never waits on export. A malformed frame or handshake closes that connection only,
+the IngestQueue; it never waits on export. A metrics snapshot frame goes to `on_snapshot(resource,
+snapshot)` instead (it sets a few gauges: no queue), and `on_disconnect(resource)` runs when a handshaken
+connection ends, so the worker's gauges can go with it. A malformed frame or handshake closes that connection only,
 with one log line and a count in `splitscope_tracer_dropped_records_total{reason="sidecar_bad_frame"}`
 (one per frame: its span count is unknown).
 """
@@ -35,6 +37,8 @@ class UnixIngestServer:
         max_connections: int = 256,
         on_drop: Callable[[str, int], None] | None = None,
         handshake_timeout_s: float = 5.0,
+        on_snapshot: Callable[[tuple, wire.MetricsSnapshot], None] | None = None,
+        on_disconnect: Callable[[tuple], None] | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.queue = queue
@@ -42,6 +46,8 @@ class UnixIngestServer:
         self.max_connections = max_connections
         self._on_drop = on_drop
         self.handshake_timeout_s = handshake_timeout_s
+        self._on_snapshot = on_snapshot
+        self._on_disconnect = on_disconnect
         self._listener: socket.socket | None = None
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -82,7 +88,11 @@ class UnixIngestServer:
             if resource is None:
                 return
             conn.settimeout(None)
-            self._read_frames(conn, resource)
+            try:
+                self._read_frames(conn, resource)
+            finally:
+                if self._on_disconnect is not None:
+                    self._on_disconnect(resource)
         except OSError:
             pass  # the worker went away; nothing to answer
         finally:
@@ -121,7 +131,11 @@ class UnixIngestServer:
                 return
             try:
                 spans = wire.decode_payload(payload)
-            except wire.WireError as exc:
+                if isinstance(spans, wire.MetricsSnapshot):
+                    if self._on_snapshot is not None:
+                        self._on_snapshot(resource, spans)  # ValueError: a family or labels we do not take
+                    continue
+            except (wire.WireError, ValueError) as exc:
                 self._bad_frame(str(exc))
                 return
             self.received_spans += len(spans)

@@ -8,6 +8,10 @@
    with the 128-bit trace id split in two (MessagePack integers stop at 64 bits):
    `[name, kind, trace_id_high64, trace_id_low64, span_id, parent_span_id, start_ns, end_ns, attributes,
    events, error_type, samples, sampled]`.
+4. Or, in the same stream, a metrics snapshot frame: the payload is a MessagePack map
+   `{"samples": [[family, {label: value}, value], ...]}` holding the current value of the worker's own
+   gauges and counters that no span carries (queue depth, KV cache use, ...; `SHIPPED_FAMILIES`). The
+   sidecar sets gauges to it and adds counters' increase since the last snapshot of the same process.
 
 Why MessagePack through msgspec rather than JSON: decoding with a declared record type validates every
 field in C, and it is what lets the sidecar ingest 100k records/s on two cores (bench/sidecar_ingest.py).
@@ -50,7 +54,16 @@ _Record = tuple[
     bool,
 ]
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(list[_Record]).decode
+
+
+class MetricsSnapshot(msgspec.Struct, forbid_unknown_fields=True):
+    """A worker's gauge and counter values at one moment: (family name, labels, value) per series."""
+
+    samples: list[tuple[str, dict[str, str], float]]
+
+
+# An array payload is a batch of spans, a map payload a snapshot (msgspec tells them apart in C).
+_decode = msgspec.msgpack.Decoder(list[_Record] | MetricsSnapshot).decode
 
 
 class WireError(ValueError):
@@ -115,12 +128,20 @@ def encode_frame(batch: Sequence[SpanData]) -> bytes:
     return FRAME_HEADER.pack(len(payload)) + payload
 
 
-def decode_payload(payload: bytes | bytearray | memoryview) -> list[SpanData]:
-    """The spans of one frame payload; raises WireError on anything malformed."""
+def encode_snapshot(samples: Sequence[tuple[str, dict[str, str], float]]) -> bytes:
+    """One metrics snapshot frame (header included)."""
+    payload = _encode(MetricsSnapshot(list(samples)))
+    return FRAME_HEADER.pack(len(payload)) + payload
+
+
+def decode_payload(payload: bytes | bytearray | memoryview) -> list[SpanData] | MetricsSnapshot:
+    """The spans of one frame payload, or a metrics snapshot; raises WireError on anything malformed."""
     try:
         records = _decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise WireError(f"bad frame: {exc}") from None
+    if isinstance(records, MetricsSnapshot):
+        return records
     out = [
         SpanData(
             name, kind, (high << 64) | low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled
