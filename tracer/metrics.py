@@ -353,7 +353,7 @@ class Catalogue:
             self.tracer_dropped,
             self.requests_aborted,
         )
-        return {family.describe()[0].name: family for family in families}
+        return {next(iter(family.describe())).name: family for family in families}
 
     def bind(self, pool: str, worker: str) -> WorkerMetrics:
         """The label children of one worker, created once."""

@@ -5,7 +5,9 @@ Two paths (tracer.otel documents the OTEL_* variables the first one follows):
   OTLP/JSON `traces_file`) and a Prometheus catalogue keeps the span-derived metrics;
 - sidecar (`sidecar_socket`): resolved spans go over a Unix socket to `splitscope sidecar`, which exports
   and meters them. This path imports neither the OpenTelemetry SDK nor prometheus_client nor numpy; pass
-  `registry` or `catalogue` to have the tracer's own metrics (drops, pending records) in Prometheus too.
+  `registry` or `catalogue` to keep the metrics no span carries (the engine's gauges, the tracer's drops and
+  pending records): they are served by this process and also shipped to the sidecar as snapshots after
+  each pipeline drain that changed them, so the sidecar alone can answer for the whole process.
 
 Every record the tracer loses is counted by reason in `TracingSession.dropped_records` and, with a
 catalogue, in `splitscope_tracer_dropped_records_total{reason}`.
@@ -113,7 +115,9 @@ def start_tracing(
     counter = catalogue.tracer_dropped if catalogue is not None else None
     dropped = DropCounts(None if counter is None else lambda reason, n: counter.labels(reason=reason).inc(n))
     # A worker names itself in its resource too: a sidecar keeps each worker's series apart by it.
-    resource = resource_attributes(service_name or default_service_name(pool), {ATTR_WORKER: worker} if worker else None)
+    resource = resource_attributes(
+        service_name or default_service_name(pool), {ATTR_WORKER: worker} if worker else None
+    )
     after_drain = None
     if sink is None and sidecar_socket:
         from tracer.sidecar.client import MetricsShipper, SidecarSink

@@ -21,7 +21,7 @@ DEPLOY = REPO_ROOT / "deploy"
 
 # The project's default ports (DESIGN 8 and deploy/prometheus.yml): what the compose stack must agree with.
 SIDECAR_OTLP_GRPC, SIDECAR_OTLP_HTTP, SIDECAR_METRICS = 4317, 4318, 9464
-ROUTER_PORT = 8000
+ROUTER_PORT, EXPORTER_PORT = 8000, 9400
 PROMETHEUS_PORT, GRAFANA_PORT, TEMPO_QUERY_PORT = 9090, 3000, 3200
 
 
@@ -77,13 +77,14 @@ def test_prometheus_config_is_valid_and_scrapes_our_default_ports() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = {job["job_name"]: job for job in _yaml("prometheus.yml")["scrape_configs"]}
     targets = {job: [t for sc in cfg["static_configs"] for t in sc["targets"]] for job, cfg in jobs.items()}
-    # The router's /metrics joins its workers' (each keeps its `worker` label), and the sidecar's /metrics
-    # answers on its OTLP/HTTP port:
-    # one target per process at the commands' own defaults, so no series is scraped twice.
+    # The server's metrics exporter holds every worker's series (each keeps its `worker` label), and the
+    # sidecar's /metrics answers on its OTLP/HTTP port: one target per server and per sidecar, so no series is
+    # scraped twice (the router's port, which answers the same series, is not a target).
     assert targets == {
-        "splitscope-router": [f"127.0.0.1:{_default(serve_command, 'port')}"],
+        "splitscope-server": [f"127.0.0.1:{EXPORTER_PORT}"],
         "splitscope-sidecar": [f"127.0.0.1:{_default(sidecar_command, 'http_port')}"],
     }
+    assert f"--port {ROUTER_PORT} --exporter-port {EXPORTER_PORT}" in (DEPLOY / "prometheus.yml").read_text()
     assert _default(serve_command, "port") == ROUTER_PORT
     assert _default(sidecar_command, "http_port") == SIDECAR_OTLP_HTTP
     assert all(re.fullmatch(r"splitscope-[a-z]+", job) for job in jobs)  # TelemetryAbsent's job regex

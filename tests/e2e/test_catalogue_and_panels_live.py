@@ -2,12 +2,12 @@
 real Prometheus scraping them under load returns data for every dashboard panel.
 
 The stack, shared by the module (real processes, real sockets, real HTTP):
-- a disaggregated reference server (`tiny`, 1 prefill + 1 decode) shipping its spans to a real sidecar over
-  its Unix socket, as a deployment with a sidecar runs: span-derived metrics (TTFT, stages, KV bytes) are
-  the sidecar's, engine gauges and step metrics stay with the server's router (which merges its workers);
-- a colocated reference server (`tiny`, 1 worker) recording its own metrics, so a colocated pool has steps
-  with and without prefill (the interference panels);
-- a Prometheus scraping the two routers and the sidecar every second, with the committed rules.
+- a disaggregated reference server (`tiny`, 1 prefill + 1 decode) with its metrics exporter
+  (`--exporter-port`, the deployment deploy/prometheus.yml scrapes): router and workers ship their spans and
+  gauge snapshots to it over its Unix socket, and it alone is scraped;
+- a colocated reference server (`tiny`, 1 worker) recording its own metrics, scraped at its router, so a
+  colocated pool has steps with and without prefill (the interference panels);
+- a Prometheus scraping the exporter and the colocated router every second, with the committed rules.
 
 The two servers are two deployments (`--namespace`), as two teams sharing one Prometheus: every series a
 server exports carries its namespace and every worker's its `worker`, and the rules keep them apart.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from reference_server.process import ServerProcess
+from reference_server.process import ServerProcess, free_port
 from tests.e2e.live import (
     BackgroundLoad,
     exposed_families,
@@ -38,7 +38,6 @@ from tracer.dashboards.catalogue import (
     referenced_metrics,
 )
 from tracer.load import LengthSpec, LoadConfig
-from tracer.sidecar.server import Sidecar, SidecarConfig
 
 PRESET = "tiny"
 NAMESPACES = {"disaggregated": "team-disagg", "colocated": "team-coloc"}
@@ -68,12 +67,12 @@ GPU_ONLY = {
 class Stack:
     disaggregated: ServerProcess
     colocated: ServerProcess
-    sidecar: Sidecar
+    exporter_port: int  # the disaggregated server's metrics exporter
     prom: PrometheusHandle
 
     @property
-    def sidecar_metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.sidecar.http_port}/metrics"
+    def exporter_metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.exporter_port}/metrics"
 
 
 def _load(server: ServerProcess, prompt_tokens: int, output_tokens: int) -> BackgroundLoad:
@@ -95,9 +94,7 @@ def _load(server: ServerProcess, prompt_tokens: int, output_tokens: int) -> Back
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     work = tmp_path_factory.mktemp("e2e-stack")
-    socket_path = str(work / "sidecar.sock")
-    sidecar = Sidecar(SidecarConfig(http_port=0, grpc_port=None, unix_socket=socket_path, gpu=True, environ={}))
-    sidecar.start()
+    exporter_port = free_port()
     disaggregated = ServerProcess(
         [
             "--preset",
@@ -108,8 +105,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "1",
             "--decode-workers",
             "1",
-            "--sidecar-socket",
-            socket_path,
+            "--exporter-port",
+            str(exporter_port),
             "--namespace",
             NAMESPACES["disaggregated"],
         ],
@@ -123,19 +120,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         with ThreadPoolExecutor(2) as pool:  # both import torch and build a model: start them side by side
             for started in [pool.submit(s.start) for s in (disaggregated, colocated)]:
                 started.result()
-        targets = [s.url.removeprefix("http://") for s in (disaggregated, colocated)]
-        targets.append(f"127.0.0.1:{sidecar.http_port}")
+        targets = [f"127.0.0.1:{exporter_port}", colocated.url.removeprefix("http://")]
         with running_prometheus(targets, rule_files=[RULES_PATH]) as prom:
             prom.wait_targets_up(timeout_s=30)
             loads = [_load(disaggregated, 32, 16).start(), _load(colocated, 16, 32).start()]
             for load in loads:
                 result = load.join()
                 assert result.summary.ok > 0 and result.summary.errors == 0, result.summary
-            yield Stack(disaggregated, colocated, sidecar, prom)
+            yield Stack(disaggregated, colocated, exporter_port, prom)
     finally:
         for server in (disaggregated, colocated):
             server.stop()
-        sidecar.stop(2.0)
 
 
 def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None:
@@ -148,14 +143,17 @@ def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None
         "splitscope_gpu_telemetry_up",
     } <= referenced
 
-    with_sidecar = exposed_families(stack.disaggregated.url + "/metrics") | exposed_families(stack.sidecar_metrics_url)
-    assert missing_families(sorted(referenced), with_sidecar) == []
-    # A server without a sidecar records every metric itself.
+    # The exporter alone holds every metric of its server, as the router of a server without one does.
+    exporter = exposed_families(stack.exporter_metrics_url)
+    assert missing_families(sorted(referenced), exporter) == []
     assert missing_families(sorted(referenced), exposed_families(stack.colocated.url + "/metrics")) == []
-    # Span-derived families really come from the sidecar in that deployment (not only their HELP lines).
-    sidecar_families = exposed_families(stack.sidecar_metrics_url)
-    assert sidecar_families["gen_ai_server_time_to_first_token_seconds"].samples
-    assert sidecar_families["splitscope_kv_transfer_bytes"].samples
+    # Span-derived families really come from it (not only their HELP lines), and each worker's series, gauges
+    # included, keep their worker and deployment.
+    assert exporter["gen_ai_server_time_to_first_token_seconds"].samples
+    kv_bytes = exporter["splitscope_kv_transfer_bytes"].samples
+    assert {s.labels.get("worker") for s in kv_bytes if s.name.endswith("_total") and s.value > 0} == {"prefill-0"}
+    waiting = {(s.labels["worker"], s.labels["namespace"]) for s in exporter["splitscope_requests_waiting"].samples}
+    assert waiting == {("prefill-0", NAMESPACES["disaggregated"]), ("decode-0", NAMESPACES["disaggregated"])}
 
 
 def test_every_dashboard_panel_returns_data_from_a_live_prometheus(stack: Stack) -> None:
@@ -202,14 +200,12 @@ def test_committed_rules_evaluate_cleanly_on_live_data(stack: Stack) -> None:
 
 
 def test_every_worker_series_keeps_its_worker_and_namespace(stack: Stack) -> None:
-    """Nothing is summed across processes: Prometheus stores each worker's series apart. (The sidecar's
-    span-derived series are the sidecar's own and are left out here.)"""
-    sidecar = f"127.0.0.1:{stack.sidecar.http_port}"
-    steps = stack.prom.query(f'splitscope_step_duration_seconds_count{{instance!="{sidecar}"}}')
+    """Nothing is summed across processes: Prometheus stores each worker's series apart, whether its router
+    joined them or the exporter metered them from the worker's spans."""
+    steps = stack.prom.query("splitscope_step_duration_seconds_count")
     labelled = {(s["metric"].get("namespace"), s["metric"]["pool"], s["metric"].get("worker")) for s in steps}
-    assert {
+    assert labelled == {
         ("team-disagg", "prefill", "prefill-0"),
         ("team-disagg", "decode", "decode-0"),
         ("team-coloc", "colocated", "colocated-0"),
-    } <= labelled
-    assert all(worker for _, _, worker in labelled), labelled
+    }

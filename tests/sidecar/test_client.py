@@ -127,7 +127,12 @@ def test_session_in_a_subprocess_ships_spans_through_the_socket(make_sidecar, tm
         )
         == 1
     )
-    assert registry.get_sample_value("splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}) is None
+    assert (
+        registry.get_sample_value(
+            "splitscope_step_duration_seconds_count", {"pool": "prefill", "prefill_in_step": "true"}
+        )
+        is None
+    )
 
 
 def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):

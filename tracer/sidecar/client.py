@@ -239,7 +239,7 @@ class MetricsShipper:
 
     def snapshot(self) -> list[tuple[str, dict[str, str], float]]:
         """(family, labels, value) of every series of the families: a counter's running total, a gauge's value."""
-        out = []
+        out: list[tuple[str, dict[str, str], float]] = []
         for name, metric in self.families.items():
             for family in metric.collect():
                 value_sample = name + "_total" if family.type == "counter" else name

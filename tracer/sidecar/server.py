@@ -101,8 +101,8 @@ class Sidecar:
             for engine, url in config.scrape
         ]
         # Our workers' spans and snapshots meter catalogues of their own, exposed with their `worker` label.
-        self.worker_series = WorkerSeries(self.catalogue)
         namespace = env_resource_attributes(config.environ).get(RESOURCE_SERVICE_NAMESPACE)
+        self.worker_series = WorkerSeries(self.catalogue, namespace)
         self.exposed_registry = merged_registry(
             self.registry, self.scrapers, self.worker_series, {NAMESPACE_LABEL: namespace} if namespace else None
         )

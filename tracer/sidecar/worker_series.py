@@ -7,7 +7,9 @@ On /metrics every series of that catalogue carries `worker` and `namespace`, so 
 the series the router's join of its workers' expositions does (reference_server/metrics_proxy.py), and
 rules and dashboards read either the same way. Nothing is summed across processes.
 
-Sources without a worker name (the router, OTLP from engines) keep the sidecar's own catalogue, as before.
+Sources without a worker name (the router, OTLP from engines) keep the sidecar's own catalogue, as before,
+unless they name another deployment than the sidecar's own: those get a catalogue labelled with their
+`namespace`, so a sidecar that was not told its deployment still keeps a router's series in it.
 
 Lifetimes: a worker's catalogue lives as long as the sidecar, so its counters carry on across the worker's
 reconnects and restarts (Prometheus sees no reset); its gauges are removed when its connection ends (a
@@ -52,8 +54,10 @@ class _Source:
 class WorkerSeries(Collector):
     """Per-worker catalogues beside the sidecar's own (`default`); a Collector of the workers' families."""
 
-    def __init__(self, default: Catalogue) -> None:
+    def __init__(self, default: Catalogue, namespace: str | None = None) -> None:
+        """`default`: the sidecar's own catalogue, of deployment `namespace` (None: not known)."""
         self._default = _Source(default, {})
+        self._namespace = namespace or ""
         self._workers: dict[tuple[str, str], _Source] = {}
         self._by_resource: dict[Resource, _Source] = {}
         # per process (resource): each counter series' total in its last snapshot
@@ -68,15 +72,17 @@ class WorkerSeries(Collector):
             return source
         with self._lock:
             attributes = dict(resource)
-            worker = attributes.get(ATTR_WORKER)
-            if not worker:
+            worker = str(attributes.get(ATTR_WORKER) or "")
+            namespace = str(attributes.get(RESOURCE_SERVICE_NAMESPACE) or "")
+            if not worker and namespace in ("", self._namespace):
                 source = self._default
             else:
-                namespace = str(attributes.get(RESOURCE_SERVICE_NAMESPACE) or "")
-                source = self._workers.get((namespace, str(worker)))
+                source = self._workers.get((namespace, worker))
                 if source is None:
-                    labels = {WORKER_LABEL: str(worker), **({NAMESPACE_LABEL: namespace} if namespace else {})}
-                    source = self._workers[(namespace, str(worker))] = _Source(
+                    labels = {WORKER_LABEL: worker} if worker else {}
+                    if namespace:
+                        labels[NAMESPACE_LABEL] = namespace
+                    source = self._workers[(namespace, worker)] = _Source(
                         Catalogue(CollectorRegistry(auto_describe=False)), labels
                     )
             self._by_resource[resource] = source
@@ -99,25 +105,28 @@ class WorkerSeries(Collector):
             if metric is None:
                 raise ValueError(f"metrics snapshot: {name!r} is not a family a process sets itself")
             if set(labels) != set(metric._labelnames):
-                raise ValueError(f"metrics snapshot: {name} takes labels {list(metric._labelnames)}, got {list(labels)}")
+                raise ValueError(
+                    f"metrics snapshot: {name} takes labels {list(metric._labelnames)}, got {list(labels)}"
+                )
             updates.append((name, metric, labels, value))
         if source is not self._default:  # the worker's series exist from its first snapshot, as in its own catalogue
-            workers = {(labels["pool"], labels[WORKER_LABEL]) for *_, labels, _ in updates if _POOL_WORKER <= labels.keys()}
+            workers = {
+                (labels["pool"], labels[WORKER_LABEL]) for *_, labels, _ in updates if _POOL_WORKER <= labels.keys()
+            }
             for pool, worker in workers:
                 source.recorder.bind_worker(pool, worker)
         with self._lock:
             totals = self._counter_totals.setdefault(resource, {})
             gauges = self._gauges_set.setdefault(resource, set())
             for name, metric, labels, value in updates:
-                child = metric.labels(**labels) if labels else metric
                 key = (name, tuple(sorted(labels.items())))
                 if isinstance(metric, Gauge):
-                    child.set(value)
+                    (metric.labels(**labels) if labels else metric).set(value)
                     gauges.add(key)
                 elif isinstance(metric, Counter):
                     grown = value - totals.get(key, 0.0)
-                    if grown > 0:
-                        child.inc(grown)
+                    if grown > 0:  # a new process's first snapshot counts in full (its key is new)
+                        (metric.labels(**labels) if labels else metric).inc(grown)
                     totals[key] = value
 
     def disconnected(self, resource: Resource) -> None:
@@ -141,9 +150,7 @@ class WorkerSeries(Collector):
         merged: dict[str, Metric] = {}
         for source in sources:
             for family in source.catalogue.registry.collect():
-                samples = [
-                    sample._replace(labels={**source.labels, **sample.labels}) for sample in family.samples
-                ]
+                samples = [sample._replace(labels={**source.labels, **sample.labels}) for sample in family.samples]
                 into = merged.get(family.name)
                 if into is None:
                     family.samples = samples
