@@ -6,6 +6,7 @@ real sidecar over its Unix socket; the tests read the sidecar's exposed registry
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -166,3 +167,13 @@ def test_a_router_of_another_deployment_keeps_its_namespace_and_the_sidecar_s_ow
     ]
     # The sidecar's own catalogue got nothing: no unlabelled copy of the router's gauge.
     assert own.registry.get_sample_value("splitscope_pool_workers", {"pool": "decode"}) is None
+
+
+@pytest.mark.parametrize("version, accepted", [(1, True), (2, True), (3, False), (True, False), ("2", False)])
+def test_the_handshake_takes_clients_without_snapshots_too_and_nothing_else(version, accepted):
+    line = json.dumps({"splitscope_ingest": version, "token": "t", "resource": {"service.name": "w"}}).encode()
+    if accepted:
+        assert wire.decode_handshake(line + b"\n") == ("t", {"service.name": "w"})
+    else:
+        with pytest.raises(wire.WireError, match="protocol versions"):
+            wire.decode_handshake(line + b"\n")

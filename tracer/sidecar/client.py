@@ -227,9 +227,10 @@ def _read_line(sock: socket.socket, limit: int) -> bytes:
 class MetricsShipper:
     """Sends a process's own gauges and counters (`Catalogue.process_set()`) to the sidecar when they change.
 
-    `ship()` runs on the pipeline thread after each drain (tracer.session wires it): it collects the few
-    families (a few dozen samples, tens of microseconds) and hands the sink a snapshot only when a value
-    moved since the last one, so an idle worker sends nothing.
+    `ship()` runs on the pipeline thread after each drain (tracer.session wires it): it collects the ten
+    families (13 samples for a worker; about 0.15 ms here, mostly prometheus_client building its sample
+    objects: 0.15% of a core at the pipeline's 10 drains a second) and hands the sink a snapshot only when
+    a value moved since the last one, so an idle worker sends nothing.
     """
 
     def __init__(self, sink: SidecarSink, families: Mapping[str, Gauge | Counter]) -> None:

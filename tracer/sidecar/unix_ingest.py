@@ -4,9 +4,10 @@ One accept thread and one thread per connection (at most `max_connections`; more
 handshake). A connection thread reads a frame, decodes it (msgspec validates every field) and offers it to
 the IngestQueue; it never waits on export. A metrics snapshot frame goes to `on_snapshot(resource,
 snapshot)` instead (it sets a few gauges: no queue), and `on_disconnect(resource)` runs when a handshaken
-connection ends, so the worker's gauges can go with it. A malformed frame or handshake closes that connection only,
-with one log line and a count in `splitscope_tracer_dropped_records_total{reason="sidecar_bad_frame"}`
-(one per frame: its span count is unknown).
+connection ends, so the worker's gauges can go with it. A malformed frame or handshake (or a snapshot
+`on_snapshot` refuses with ValueError) closes that connection only, with one log line and a count in
+`splitscope_tracer_dropped_records_total{reason="sidecar_bad_frame"}` (one per frame: its span count is
+unknown).
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ class UnixIngestServer:
                     if self._on_snapshot is not None:
                         self._on_snapshot(resource, spans)  # ValueError: a family or labels we do not take
                     continue
-            except (wire.WireError, ValueError) as exc:
+            except ValueError as exc:  # a WireError, or a snapshot on_snapshot refused
                 self._bad_frame(str(exc))
                 return
             self.received_spans += len(spans)

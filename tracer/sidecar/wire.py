@@ -8,10 +8,12 @@
    with the 128-bit trace id split in two (MessagePack integers stop at 64 bits):
    `[name, kind, trace_id_high64, trace_id_low64, span_id, parent_span_id, start_ns, end_ns, attributes,
    events, error_type, samples, sampled]`.
-4. Or, in the same stream, a metrics snapshot frame: the payload is a MessagePack map
+4. Or, in the same stream (protocol version 2), a metrics snapshot frame: the payload is a MessagePack map
    `{"samples": [[family, {label: value}, value], ...]}` holding the current value of the worker's own
-   gauges and counters that no span carries (queue depth, KV cache use, ...; `SHIPPED_FAMILIES`). The
-   sidecar sets gauges to it and adds counters' increase since the last snapshot of the same process.
+   gauges and counters that no span carries (queue depth, KV cache use, ...: `Catalogue.process_set()`).
+   The sidecar sets gauges to it and adds counters' increase since the last snapshot of the same process.
+   A version-2 client is refused at the handshake by a version-1 sidecar (which would take a snapshot for
+   a bad frame), and a version-2 sidecar still takes version-1 clients.
 
 Why MessagePack through msgspec rather than JSON: decoding with a declared record type validates every
 field in C, and it is what lets the sidecar ingest 100k records/s on two cores (bench/sidecar_ingest.py).
@@ -29,7 +31,8 @@ import msgspec
 
 from tracer.spans import SpanData
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
+ACCEPTED_VERSIONS = (1, 2)  # version 1: span frames only
 HANDSHAKE_MAX_BYTES = 64 * 1024
 FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -80,8 +83,9 @@ def decode_handshake(line: bytes) -> tuple[str, dict[str, Any]]:
         obj = json.loads(line)
     except ValueError as exc:
         raise WireError(f"handshake is not JSON: {exc}") from None
-    if not isinstance(obj, dict) or obj.get("splitscope_ingest") != PROTOCOL_VERSION:
-        raise WireError(f"not a splitscope ingest handshake (protocol version {PROTOCOL_VERSION} expected)")
+    version = obj.get("splitscope_ingest") if isinstance(obj, dict) else None
+    if type(version) is not int or version not in ACCEPTED_VERSIONS:  # JSON `true` is no version
+        raise WireError(f"not a splitscope ingest handshake (protocol versions {ACCEPTED_VERSIONS} accepted)")
     token, resource = obj.get("token", ""), obj.get("resource") or {}
     if not isinstance(token, str) or not isinstance(resource, dict):
         raise WireError("handshake token must be a string and resource an object")
