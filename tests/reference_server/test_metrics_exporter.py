@@ -50,26 +50,24 @@ def test_the_exporter_serves_every_process_s_series_and_stops_after_flushing_the
             assert status == 200
             produced += json.loads(body)["usage"]["completion_tokens"]
 
-        # Every request the client got an answer for, metered from the router's spans (the client's count
-        # is the ground truth); each worker's gauges as the worker itself reports them on its router's join.
+        # Every request the client got an answer for, metered from the router's spans, and every token from
+        # the workers' (the client's counts are the ground truth; router and workers ship on their own
+        # connections, so wait for both); each worker's gauges as it reports them on its router's join.
+        def ttft_count(samples: dict) -> float | None:
+            labels = {"gen_ai_request_model": "tiny", "mode": "colocated", "namespace": "team-x"}
+            return _value(samples, "gen_ai_server_time_to_first_token_seconds_count", **labels)
+
+        def decode_tokens(samples: dict) -> float:
+            tokens = "splitscope_tokens_total"
+            return sum(v for (name, labels), v in samples.items() if name == tokens and ("phase", "decode") in labels)
+
         def settled() -> dict | None:
             samples = _samples(exporter_url)
-            ttft = _value(
-                samples,
-                "gen_ai_server_time_to_first_token_seconds_count",
-                gen_ai_request_model="tiny",
-                mode="colocated",
-                namespace="team-x",
-            )
-            return samples if ttft == 2 else None
+            return samples if (ttft_count(samples) or 0) >= 2 and decode_tokens(samples) >= produced else None
 
-        samples = wait_for(settled, 15, "both requests in the exporter's TTFT histogram")
-        decode_tokens = sum(
-            v
-            for (name, labels), v in samples.items()
-            if name == "splitscope_tokens_total" and ("phase", "decode") in labels
-        )
-        assert decode_tokens == produced  # every token the client got, counted on the worker that made it
+        samples = wait_for(settled, 15, "both requests and their tokens in the exporter's series")
+        assert ttft_count(samples) == 2
+        assert decode_tokens(samples) == produced  # every token the client got, counted where it was made
         joined = _samples(f"http://127.0.0.1:{server.metrics_port}/metrics")
         for worker in ("colocated-0", "colocated-1"):
             labels = {"pool": "colocated", "worker": worker, NAMESPACE_LABEL: "team-x"}
