@@ -9,19 +9,24 @@ CPU it does take yields to serving on a busy machine (bench/RESULTS.md, "Scrapin
 
 The launcher starts it before anything else, reads its listening line from stderr (which gives the port
 when PORT is 0) and forwards the rest of its output; `stop` SIGTERMs it last, after the router and workers
-flushed into it. Run as `python -m reference_server.metrics_exporter LAUNCHER_PID SIDECAR_ARGS...`, the
+flushed into it. If it dies while the server runs, the launcher logs one error and serving goes on: the
+processes buffer their spans for it and count what they drop
+(`splitscope_tracer_dropped_records_total{reason="sidecar_unreachable"}` on the router's own /metrics). Run as `python -m reference_server.metrics_exporter LAUNCHER_PID SIDECAR_ARGS...`, the
 child lowers its own priority and dies with the launcher before it becomes the sidecar.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import signal
 import sys
 import tempfile
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
 
 EXPORTER_NICE = 19  # the lowest CPU priority: a scrape's CPU yields to serving
 _LISTENING = "splitscope sidecar listening:"
@@ -34,6 +39,7 @@ class Exporter:
     socket_path: str  # what the router and workers ship to (`--sidecar-socket`)
     port: int  # its /metrics
     directory: tempfile.TemporaryDirectory  # holds the socket; removed by `stop`
+    stopping: bool = False
 
 
 def exporter_command(socket_path: str, host: str, port: int, traces_file: str | None, mode: str) -> list[str]:
@@ -62,8 +68,9 @@ async def start_exporter(host: str, port: int, traces_file: str | None, mode: st
         await _end(process, 5.0)
         directory.cleanup()
         raise RuntimeError("the metrics exporter did not start: " + " | ".join(output[-5:])) from None
-    asyncio.create_task(_forward(process.stderr))
-    return Exporter(process, socket_path, bound, directory)
+    exporter = Exporter(process, socket_path, bound, directory)
+    asyncio.create_task(_forward(process.stderr, exporter))
+    return exporter
 
 
 async def _listening_port(stderr: asyncio.StreamReader, output: list[str]) -> int:
@@ -80,13 +87,18 @@ async def _listening_port(stderr: asyncio.StreamReader, output: list[str]) -> in
             return int(match.group(1))
 
 
-async def _forward(stderr: asyncio.StreamReader) -> None:
+async def _forward(stderr: asyncio.StreamReader, exporter: Exporter) -> None:
+    """Forward its output until it closes; then, unless the launcher is stopping it, say that it died."""
     while line := await stderr.readline():
         print(f"[exporter] {line.decode(errors='replace')}", end="", file=sys.stderr)
+    code = await exporter.process.wait()
+    if not exporter.stopping:
+        log.error("the metrics exporter exited with status %s; serving on, metrics and spans no longer exported", code)
 
 
 async def stop_exporter(exporter: Exporter, grace_s: float) -> None:
     """SIGTERM (the sidecar flushes what it holds), SIGKILL after `grace_s`, then remove the socket's folder."""
+    exporter.stopping = True
     await _end(exporter.process, grace_s)
     exporter.directory.cleanup()
 

@@ -88,6 +88,20 @@ def test_the_exporter_serves_every_process_s_series_and_stops_after_flushing_the
         server.close()
 
 
+def test_a_dead_exporter_is_reported_once_and_the_server_serves_on(tmp_path):
+    server = Server(tmp_path, "--mode", "colocated", "--workers", "1", "--exporter-port", "0")
+    try:
+        (exporter_pid,) = _children(server.process.pid) - set(server.worker_pids)
+        os.kill(exporter_pid, signal.SIGKILL)
+        wait_for(lambda: "the metrics exporter exited with status -9" in server.log(), 15, "the launcher's error line")
+        status, body, _ = server.complete({"prompt": "still here", "max_tokens": 4, "ignore_eos": True})
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 4
+        assert server.stop(signal.SIGTERM) == 0  # stopping a dead exporter is no error
+        assert server.log().count("the metrics exporter exited") == 1
+    finally:
+        server.close()
+
+
 def test_exporter_port_with_a_sidecar_socket_is_refused_in_one_line():
     result = subprocess.run(
         [sys.executable, "-m", "tracer.cli", "serve", "--exporter-port", "0", "--sidecar-socket", "/tmp/x.sock"],
