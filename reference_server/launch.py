@@ -28,6 +28,7 @@ import click
 
 from reference_server.engine_options import EngineOptions, worker_argv
 from reference_server.metrics_exporter import Exporter, start_exporter, stop_exporter
+from reference_server.process_guard import forward_output, terminate
 from reference_server.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
@@ -133,12 +134,6 @@ def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> l
     ]
 
 
-async def _forward_output(stream: asyncio.StreamReader, name: str) -> None:
-    """Keep draining a worker's stdout after its ready line (so it never blocks on a full pipe)."""
-    while line := await stream.readline():
-        sys.stderr.write(f"[{name}] {line.decode(errors='replace')}")
-
-
 async def _await_ready(worker: WorkerProcess) -> dict:
     stdout = worker.process.stdout
     assert stdout is not None
@@ -178,31 +173,13 @@ async def start_workers(config: ServeConfig) -> list[WorkerProcess]:
     for worker, ready in zip(workers, readies):
         worker.ready = ready
         assert worker.process.stdout is not None
-        asyncio.create_task(_forward_output(worker.process.stdout, worker.name))
+        asyncio.create_task(forward_output(worker.process.stdout, worker.name))  # after its ready line
     return workers
 
 
 async def stop_workers(workers: list[WorkerProcess], grace_s: float = STOP_GRACE_S) -> None:
     """SIGTERM every live worker, wait up to `grace_s`, SIGKILL the rest, and reap them all."""
-    for worker in workers:
-        if worker.process.returncode is None:
-            try:
-                worker.process.send_signal(signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    async def reap(worker: WorkerProcess) -> None:
-        try:
-            await asyncio.wait_for(worker.process.wait(), grace_s)
-        except asyncio.TimeoutError:
-            log.warning("worker %s did not stop within %g s; killing it", worker.name, grace_s)
-            try:
-                worker.process.kill()
-            except ProcessLookupError:
-                pass
-            await worker.process.wait()
-
-    await asyncio.gather(*(reap(w) for w in workers))
+    await asyncio.gather(*(terminate(w.process, grace_s, f"worker {w.name}") for w in workers))
 
 
 async def serve(

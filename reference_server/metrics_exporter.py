@@ -21,10 +21,11 @@ import asyncio
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass
+
+from reference_server.process_guard import die_with_parent, forward_output, terminate
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ async def start_exporter(host: str, port: int, traces_file: str | None, mode: st
     try:
         bound = await asyncio.wait_for(_listening_port(process.stderr, output), timeout_s)
     except (asyncio.TimeoutError, EOFError):
-        await _end(process, 5.0)
+        await terminate(process, 5.0, "the metrics exporter")
         directory.cleanup()
         raise RuntimeError("the metrics exporter did not start: " + " | ".join(output[-5:])) from None
     exporter = Exporter(process, socket_path, bound, directory)
@@ -89,8 +90,7 @@ async def _listening_port(stderr: asyncio.StreamReader, output: list[str]) -> in
 
 async def _forward(stderr: asyncio.StreamReader, exporter: Exporter) -> None:
     """Forward its output until it closes; then, unless the launcher is stopping it, say that it died."""
-    while line := await stderr.readline():
-        print(f"[exporter] {line.decode(errors='replace')}", end="", file=sys.stderr)
+    await forward_output(stderr, "exporter")
     code = await exporter.process.wait()
     if not exporter.stopping:
         log.error("the metrics exporter exited with status %s; serving on, metrics and spans no longer exported", code)
@@ -99,25 +99,12 @@ async def _forward(stderr: asyncio.StreamReader, exporter: Exporter) -> None:
 async def stop_exporter(exporter: Exporter, grace_s: float) -> None:
     """SIGTERM (the sidecar flushes what it holds), SIGKILL after `grace_s`, then remove the socket's folder."""
     exporter.stopping = True
-    await _end(exporter.process, grace_s)
+    await terminate(exporter.process, grace_s, "the metrics exporter")
     exporter.directory.cleanup()
-
-
-async def _end(process: asyncio.subprocess.Process, grace_s: float) -> None:
-    if process.returncode is None:
-        try:
-            process.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(process.wait(), grace_s)
-        except ProcessLookupError:
-            pass
-        except asyncio.TimeoutError:
-            process.kill()
-            await process.wait()
 
 
 def main(argv: list[str]) -> None:
     """The child: lowest priority, die with the launcher (argv[0]), then run `splitscope sidecar argv[1:]`."""
-    from reference_server.process_guard import die_with_parent
     from tracer.sidecar.main import sidecar_command
 
     os.nice(EXPORTER_NICE)
