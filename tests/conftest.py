@@ -55,6 +55,7 @@ SLOW_PATHS = (
     "tests/engines/",
     "tests/packaging/",
     "tests/reference_server/test_demo.py",
+    "tests/load/test_against_reference_server.py",  # judges arrival times at a real router (50 ms)
     "tests/report/test_simulator_vs_server.py",
 )
 # Slow tests that time nothing of this machine's: the wheel, and the oracle's own timings replayed into

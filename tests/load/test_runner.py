@@ -24,8 +24,13 @@ from tracer.load import (
 from tracer.load.client import CANCELLED, OK, SKIPPED
 
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
-# How far a server-side receive time may stray from the schedule on a busy 2-core test machine.
+# How far a server-side receive time may stray from the schedule on a 2-core test machine with one core
+# busy elsewhere. The tests that judge such wall-clock windows are `serial` (scripts/test.sh runs them one at a
+# time after the parallel phase), so only foreign load can stretch them; the rest assert order and causality.
 ON_TIME_S = 0.1
+# How much later than the server's pacing a client may see its chunks under the same conditions.
+LATE_S = 0.08
+wall_clock_window = pytest.mark.serial
 
 
 def _replay(tmp_path: Path, rows: list[list]) -> str:
@@ -38,6 +43,7 @@ def _by_trace_id(server) -> dict:  # type: ignore[no-untyped-def]
     return {TRACEPARENT.match(r.headers["traceparent"]).group(1): r for r in server.received}  # type: ignore[union-attr]
 
 
+@wall_clock_window
 def test_measurements_follow_the_server_timing_and_summary_recomputes_from_records(fake_server, tmp_path) -> None:
     rows = [[0.03 * i, 8 + i, 6, "slow" if i % 3 == 0 else f"s{i}"] for i in range(9)]
     config = LoadConfig(
@@ -53,11 +59,17 @@ def test_measurements_follow_the_server_timing_and_summary_recomputes_from_recor
         assert record.status == OK, record.error_detail
         assert (record.output_chunks, record.output_tokens, record.usage_completion_tokens) == (6, 6, 6)
         assert record.usage_prompt_tokens == record.prompt_tokens
+        assert len(record.itl_s) == 5 and min(record.itl_s) >= 0
+        # Causality, which no load can bend: the server writes the first chunk `ttft_s` after it reads the
+        # request and the last one (paced to absolute deadlines) 5 intervals later; the client sees each no
+        # earlier than it was written.
         expected_ttft_s = fake_server.slow_ttft_s if record.session == "slow" else fake_server.ttft_s
-        assert expected_ttft_s <= record.ttft_s < expected_ttft_s + 0.08
-        assert len(record.itl_s) == 5
-        # The server paces chunks to absolute deadlines, so the gaps sum to 5 intervals.
-        assert sum(record.itl_s) == pytest.approx(5 * fake_server.itl_s, abs=0.03)
+        paced_last_chunk_s = expected_ttft_s + 5 * fake_server.itl_s
+        assert record.ttft_s >= expected_ttft_s
+        assert record.ttft_s + sum(record.itl_s) >= paced_last_chunk_s
+        # The window: the client's clock follows the server's pacing, not its own delays.
+        assert record.ttft_s < expected_ttft_s + LATE_S
+        assert record.ttft_s + sum(record.itl_s) < paced_last_chunk_s + LATE_S
         assert record.tpot_s == pytest.approx((record.e2e_s - record.ttft_s) / 5)
         assert record.e2e_s >= record.ttft_s + sum(record.itl_s) - 1e-9
 
@@ -81,6 +93,7 @@ def test_measurements_follow_the_server_timing_and_summary_recomputes_from_recor
     assert summary["wall_s"] >= max(r["sent_s"] + r["e2e_s"] for r in requests)
 
 
+@wall_clock_window
 def test_replay_is_honoured_and_every_request_carries_a_valid_traceparent(fake_server, tmp_path) -> None:
     rows = [[0.0, 5, 2, "alpha"], [0.25, 50, 3], [0.25, 7, 4, "beta"], [0.5, 31, 1, "alpha"]]
     config = LoadConfig(url=fake_server.url, model="tiny", replay_path=_replay(tmp_path, rows), seed=2)
@@ -101,6 +114,7 @@ def test_replay_is_honoured_and_every_request_carries_a_valid_traceparent(fake_s
     assert len(span_ids) == 4
 
 
+@wall_clock_window
 def test_bursts_arrive_when_scheduled_and_a_duration_run_lasts_its_duration(fake_server) -> None:
     config = LoadConfig(
         url=fake_server.url,
@@ -123,6 +137,7 @@ def test_bursts_arrive_when_scheduled_and_a_duration_run_lasts_its_duration(fake
     assert result.summary.wall_s >= 1.0
 
 
+@wall_clock_window
 def test_arrivals_never_wait_on_responses(fake_server, tmp_path) -> None:
     # Every answer stalls until the client's timeout, yet each request still leaves on schedule.
     rows = [[0.05 * i, 4, 3, "stall"] for i in range(6)]
