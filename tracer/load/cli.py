@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.live import Live
 
 from tracer.cli_options import Duration
-from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig
+from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig, ReplayFormat
 from tracer.load.display import LiveView, summary_tables
 from tracer.load.results import LoadResult
 from tracer.load.runner import RunProgress, run_load
@@ -92,7 +92,23 @@ SECONDS = Duration(positive=False)  # zero passes here; the load config says whi
     "--replay",
     "replay_path",
     type=click.Path(dir_okay=False),
-    help="JSONL of {arrival_s, prompt_tokens, output_tokens[, session]} per line.",
+    help="Replay a file: splitscope JSONL of {arrival_s, prompt_tokens, output_tokens[, session]} per line, "
+    "an Azure LLM inference trace CSV, or a Mooncake trace JSONL (see --replay-format).",
+)
+@click.option(
+    "--replay-format",
+    type=click.Choice([fmt.value for fmt in ReplayFormat]),
+    default=ReplayFormat.AUTO.value,
+    show_default=True,
+    help="How to read --replay: auto (told from the first line), splitscope, azure "
+    "(TIMESTAMP,ContextTokens,GeneratedTokens), mooncake (timestamp ms, input_length, output_length, hash_ids).",
+)
+@click.option(
+    "--time-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Multiply --replay arrival times by this (> 0; 0.5 replays twice as fast).",
 )
 @click.option("--slo-ttft", type=SECONDS, help="Time-to-first-token objective (e.g. 500ms).")
 @click.option("--slo-itl", type=SECONDS, help="Objective on each request's p99 inter-token gap (e.g. 50ms).")
@@ -143,6 +159,8 @@ def load_command(
     sessions: int,
     shared_prefix_tokens: int,
     replay_path: str | None,
+    replay_format: str,
+    time_scale: float,
     slo_ttft: float | None,
     slo_itl: float | None,
     slo_tpot: float | None,
@@ -172,6 +190,8 @@ def load_command(
         sessions=sessions,
         shared_prefix_tokens=shared_prefix_tokens,
         replay_path=replay_path,
+        replay_format=ReplayFormat(replay_format),
+        time_scale=time_scale,
         slo=ClientSLO(ttft_s=slo_ttft, itl_s=slo_itl, tpot_s=slo_tpot),
         seed=seed,
         text_seed=text_seed,

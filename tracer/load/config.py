@@ -6,6 +6,7 @@ readable sentence naming the flag at fault, so the CLI can print it as a usage e
 
 from __future__ import annotations
 
+import enum
 import math
 import secrets
 from dataclasses import asdict, dataclass, field, replace
@@ -19,6 +20,15 @@ COMPLETIONS_PATH = "/v1/completions"
 
 class ConfigError(ValueError):
     """A load configuration that cannot run; the message names the flag and the fix."""
+
+
+class ReplayFormat(enum.StrEnum):
+    """How `--replay` reads its file (the readers: tracer.load.replay_formats); AUTO tells from the first line."""
+
+    AUTO = "auto"
+    SPLITSCOPE = "splitscope"
+    AZURE = "azure"
+    MOONCAKE = "mooncake"
 
 
 @dataclass(frozen=True)
@@ -103,6 +113,7 @@ class LoadConfig:
     about 4 for BPE tokenizers of real models. `seed` None picks a random seed, recorded in the results.
     `text_seed` (default: `seed`) seeds the prompt text alone: the same `seed` with another `text_seed`
     replays the same arrivals and lengths with text no prefix cache has seen (A/B runs on one server).
+    `replay_format` says how to read `replay_path`; `time_scale` multiplies its arrivals (0.5 = twice as fast).
     """
 
     url: str
@@ -116,6 +127,8 @@ class LoadConfig:
     sessions: int = 0
     shared_prefix_tokens: int = 0
     replay_path: str | None = None
+    replay_format: ReplayFormat = ReplayFormat.AUTO
+    time_scale: float = 1.0
     slo: ClientSLO = field(default_factory=ClientSLO)
     seed: int | None = None
     text_seed: int | None = None
@@ -162,6 +175,10 @@ class LoadConfig:
                 raise ConfigError(
                     "--replay takes arrivals, lengths and sessions from the file; drop --rate, --burst and --sessions"
                 )
+            if not math.isfinite(self.time_scale) or self.time_scale <= 0:
+                raise ConfigError(f"--time-scale must be a number > 0 (got {self.time_scale})")
+        elif self.replay_format is not ReplayFormat.AUTO or self.time_scale != 1.0:
+            raise ConfigError("--replay-format and --time-scale apply to a --replay file; give --replay FILE")
         else:
             if self.rate_rps is None and self.burst is None:
                 raise ConfigError("give --rate (Poisson arrivals per second), --burst or --replay")

@@ -7,14 +7,15 @@ sessions) so changing one distribution does not reshuffle the others' draws for 
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-from tracer.load.config import MAX_SCHEDULED_REQUESTS, ConfigError, LengthSpec, LoadConfig
+from tracer.load.config import MAX_SCHEDULED_REQUESTS, ConfigError, LengthSpec, LoadConfig, ReplayFormat
+from tracer.load.replay_formats import ReplayEntry, read_replay
+from tracer.load.replay_formats import ReplayError as ReplayError  # re-exported: the load API raises it from here
 
 POISSON = "poisson"
 BURST = "burst"
@@ -23,7 +24,11 @@ REPLAY = "replay"
 
 @dataclass(frozen=True)
 class PlannedRequest:
-    """One request to send: `arrival_s` is the offset from the start of the run, in seconds."""
+    """One request to send: `arrival_s` is the offset from the start of the run, in seconds.
+
+    `block_hash_ids` (Mooncake replays only): the prompt starts with one block of
+    `replay_formats.HASH_BLOCK_TOKENS` tokens per id, the same text for the same id (see PromptFactory).
+    """
 
     index: int
     arrival_s: float
@@ -31,16 +36,7 @@ class PlannedRequest:
     output_tokens: int
     session: str | None
     source: str  # POISSON, BURST or REPLAY
-
-
-class ReplayError(ConfigError):
-    """A replay file that cannot be used; `line` is 1-based (0 when the problem is the whole file)."""
-
-    def __init__(self, path: str, line: int, message: str) -> None:
-        self.path = path
-        self.line = line
-        where = f"{path}:{line}" if line else path
-        super().__init__(f"{where}: {message}")
+    block_hash_ids: tuple[int, ...] = ()
 
 
 def build_schedule(config: LoadConfig) -> list[PlannedRequest]:
@@ -51,7 +47,8 @@ def build_schedule(config: LoadConfig) -> list[PlannedRequest]:
     if config.seed is None:
         raise ValueError("build_schedule needs a concrete seed; call config.with_seed() first")
     if config.replay_path is not None:
-        return _bounded_replay(load_replay(config.replay_path), config)
+        entries = load_replay(config.replay_path, config.replay_format, time_scale=config.time_scale)
+        return _bounded_replay(entries, config)
     return _generated(config, np.random.default_rng(config.seed))
 
 
@@ -145,77 +142,21 @@ def _burst_horizon_s(config: LoadConfig, poisson_s: np.ndarray) -> float:
 
 # --- replay -------------------------------------------------------------------------------------------
 
-_REPLAY_FIELDS = ("arrival_s", "prompt_tokens", "output_tokens", "session")
 
+def load_replay(
+    path: str | Path, replay_format: ReplayFormat = ReplayFormat.AUTO, *, time_scale: float = 1.0
+) -> list[ReplayEntry]:
+    """Read a replay file (the formats: tracer.load.replay_formats), every arrival multiplied by `time_scale`.
 
-@dataclass(frozen=True)
-class ReplayEntry:
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    session: str | None
-
-
-def load_replay(path: str | Path) -> list[ReplayEntry]:
-    """Read a JSONL replay file: one request per line, blank lines ignored.
-
-    A line is an object {"arrival_s": 0.5, "prompt_tokens": 512, "output_tokens": 64, "session": "a"}
-    (extra keys ignored, session optional) or an array [arrival_s, prompt_tokens, output_tokens, session?].
-    Arrivals are offsets in seconds from the start of the run, >= 0, in any order (they are sorted).
-    Raises ReplayError naming the line.
+    `time_scale` > 0: 0.5 replays twice as fast, 2 half as fast; lengths and sessions are untouched.
+    Arrivals may come in any order (the schedule sorts them). Raises ReplayError naming the file and line.
     """
-    name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReplayError(name, 0, f"cannot read replay file ({exc})") from None
-    entries: list[ReplayEntry] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        if len(entries) >= MAX_SCHEDULED_REQUESTS:
-            raise ReplayError(name, line_no, f"more than {MAX_SCHEDULED_REQUESTS} requests")
-        entries.append(_parse_replay_line(name, line_no, line))
-    if not entries:
-        raise ReplayError(name, 0, "no requests in replay file")
-    return entries
-
-
-def _parse_replay_line(name: str, line_no: int, line: str) -> ReplayEntry:
-    def fail(message: str) -> ReplayError:
-        return ReplayError(name, line_no, message)
-
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise fail(f"not valid JSON ({exc.msg})") from None
-    if isinstance(item, list):
-        if not 3 <= len(item) <= 4:
-            raise fail("an array line needs [arrival_s, prompt_tokens, output_tokens] and optionally session")
-        item = dict(zip(_REPLAY_FIELDS, item))
-    if not isinstance(item, dict):
-        raise fail("each line must be a JSON object or array")
-    missing = [key for key in _REPLAY_FIELDS[:3] if key not in item]
-    if missing:
-        raise fail(f"missing {', '.join(missing)}")
-    arrival_s = item["arrival_s"]
-    if (
-        isinstance(arrival_s, bool)
-        or not isinstance(arrival_s, (int, float))
-        or not math.isfinite(arrival_s)
-        or arrival_s < 0
-    ):
-        raise fail(f"arrival_s must be a number >= 0 (got {arrival_s!r})")
-    lengths = []
-    for key in ("prompt_tokens", "output_tokens"):
-        value = item[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise fail(f"{key} must be an integer >= 1 (got {value!r})")
-        lengths.append(value)
-    session = item.get("session")
-    if session is not None and (isinstance(session, bool) or not isinstance(session, (str, int))):
-        raise fail(f"session must be a string or integer (got {session!r})")
-    return ReplayEntry(float(arrival_s), lengths[0], lengths[1], None if session is None else str(session))
+    if not math.isfinite(time_scale) or time_scale <= 0:
+        raise ConfigError(f"--time-scale must be a number > 0 (got {time_scale})")
+    entries = read_replay(path, replay_format)
+    if time_scale == 1.0:
+        return entries
+    return [replace(entry, arrival_s=entry.arrival_s * time_scale) for entry in entries]
 
 
 def _bounded_replay(entries: list[ReplayEntry], config: LoadConfig) -> list[PlannedRequest]:
@@ -224,6 +165,8 @@ def _bounded_replay(entries: list[ReplayEntry], config: LoadConfig) -> list[Plan
         ordered = [entry for entry in ordered if entry.arrival_s < config.duration_s]
     ordered = ordered[: config.requests]
     return [
-        PlannedRequest(i, entry.arrival_s, entry.prompt_tokens, entry.output_tokens, entry.session, REPLAY)
+        PlannedRequest(
+            i, entry.arrival_s, entry.prompt_tokens, entry.output_tokens, entry.session, REPLAY, entry.block_hash_ids
+        )
         for i, entry in enumerate(ordered)
     ]
