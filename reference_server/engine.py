@@ -11,10 +11,16 @@ for the device anyway; on CUDA the clock's anchor is taken right there), then ha
 the step to `deliver(batch)` in one call -- the worker turns that into one `loop.call_soon_threadsafe`.
 
 Tracing (DESIGN 4): one `tracer.step` per iteration; per request a `queue` span (arrival -> the step that
-starts its prefill), a `prefill` span (that step's start -> the step that produced the first token), and
-on colocated and decode workers a `decode` span with each token's host time and the prefill tokens that
-shared its step. Marks are never shared between two records: a CUDA clock recycles a record's events
-once it is resolved, so every span start/end takes its own mark.
+starts its prefill), a `prefill` span (that step's start -> the end of the step that produced the first
+token), and on colocated and decode workers a `decode` span with each token's host time and the prefill
+tokens that shared its step. Marks are never shared between two records: a CUDA clock recycles a record's
+events once it is resolved, so every span start/end takes its own mark.
+
+Stage boundaries are taken so that a request's stages never overlap (docs/architecture.md, section 4):
+the queue ends at the host time of the prefill's start mark; the prefill's end mark (and, colocated, the
+decode's start mark) is taken right after the step's end mark, before the scheduler's bookkeeping (which
+can wait for the interpreter lock); on a prefill worker the KV transfer starts at the host time of that
+same end mark, so on the host clock each boundary is one number shared by both stages.
 
 Blocks are touched by the engine thread and, on a decode worker, by the KV receiver's threads (it
 allocates destination blocks as a transfer starts): `allocator_lock` serialises the two; the engine holds
@@ -93,6 +99,8 @@ class Tracked:
     remote_cached_tokens: int = 0  # decode role: prefix-cache hits on the prefill worker
     seq: ScheduledRequest | None = None
     prefill_start: Any = None  # clock mark at the start of the step that began its prefill
+    prefill_end: Any = None  # clock mark at the end of the step that completes its prompt
+    handoff_wall_ns: int = 0  # prefill role: where its KV transfer starts (the host time of `prefill_end`)
     decode_start: Any = None  # clock mark when its first token reached the host
     token_perf_ns: array = field(default_factory=lambda: array("q"))
     token_prefill_tokens: array = field(default_factory=lambda: array("i"))
@@ -457,13 +465,12 @@ class Engine:
         tracer = self.tracer
         mark = tracer.mark
         step_start = mark()
-        step_start_perf_ns = perf_counter_ns()
         tracked = self._tracked
         for chunk in plan.prefills:
             t = tracked[chunk.seq.seq_id]
             if t.prefill_start is None:
                 t.prefill_start = mark()
-                self._record_queue(t, step_start_perf_ns)
+                self._record_queue(t)
         try:
             logits = self.model(self._slices(plan), self.kv_pool)
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
@@ -473,6 +480,11 @@ class Engine:
         if self._anchor is not None:
             self._anchor()  # the device just went idle: a fresh anchor for CUDA-event timing
         step_end = mark()
+        # The prefills this step completes end here, before the bookkeeping below: a mark taken after it
+        # could fall behind the start of the KV transfer by a wait for the interpreter lock.
+        for chunk in plan.prefills:
+            if chunk.is_last:
+                self._end_prefill(tracked[chunk.seq.seq_id])
         now_perf_ns = perf_counter_ns()
         with self._room:
             outcome = self.scheduler.on_step_done(plan, token_ids)
@@ -492,18 +504,15 @@ class Engine:
         events: list[tuple[Sink, tuple]] = []
         for seq, token_id in outcome.emitted:
             t = tracked[seq.seq_id]
-            if not t.token_perf_ns:  # its first token: the prefill ends here
+            if not t.token_perf_ns:  # its first token: its prefill ended with this step (_end_prefill)
                 self._record_prefill(t)
-                if self.role != "prefill":
-                    t.decode_start = mark()
             t.token_perf_ns.append(now_perf_ns)
             t.token_prefill_tokens.append(prefill_tokens)
             if self.role != "prefill":
                 events.append((t.sink, (EVENT_TOKEN, token_id)))
-        if outcome.handed_off:
-            handoff_wall_ns = self.clock.to_wall_ns(now_perf_ns) if self.clock is not None else now_perf_ns
-            for seq in outcome.handed_off:  # stays tracked until finish_handoff()
-                self._handoff(tracked[seq.seq_id], seq.output_token_ids[0], handoff_wall_ns)
+        for seq in outcome.handed_off:  # stays tracked until finish_handoff()
+            t = tracked[seq.seq_id]
+            self._handoff(t, seq.output_token_ids[0], t.handoff_wall_ns)
         for seq in outcome.finished:
             self._finish(tracked.pop(seq.seq_id), events)
         if events:
@@ -608,9 +617,26 @@ class Engine:
 
     # -- spans
 
-    def _record_queue(self, t: Tracked, queue_end_perf_ns: int) -> None:
-        to_wall = self.clock.to_wall_ns if self.clock is not None else int
-        self.tracer.stage_wall("queue", t.ctx, to_wall(t.arrival_perf_ns), to_wall(queue_end_perf_ns))
+    def _mark_wall_ns(self, mark: Any) -> int:
+        """The host time of a clock mark on the wall timeline (the boundary a host-timed stage shares)."""
+        clock = self.clock
+        return clock.to_wall_ns(clock.host_perf_ns(mark)) if clock is not None else 0
+
+    def _record_queue(self, t: Tracked) -> None:
+        """The queue ends where the prefill starts: at the host time of its start mark."""
+        if self.clock is None:
+            return
+        start_wall_ns = self.clock.to_wall_ns(t.arrival_perf_ns)
+        self.tracer.stage_wall("queue", t.ctx, start_wall_ns, self._mark_wall_ns(t.prefill_start))
+
+    def _end_prefill(self, t: Tracked) -> None:
+        """Right after the step's end mark: the prefill's end, then where the next stage starts (the KV
+        transfer on a prefill worker, at the same host time; the decode on a colocated one, a mark later)."""
+        t.prefill_end = self.tracer.mark()
+        if self.role == "prefill":
+            t.handoff_wall_ns = self._mark_wall_ns(t.prefill_end)
+        else:
+            t.decode_start = self.tracer.mark()
 
     def _record_prefill(self, t: Tracked, error_type: str = "") -> None:
         seq = t.seq
@@ -621,8 +647,9 @@ class Engine:
             s.ATTR_PREFILL_CACHED_TOKENS: seq.num_cached_tokens,
             s.ATTR_PREFILL_CHUNKS: seq.num_prefill_chunks,
         }
-        self.tracer.stage("prefill", t.ctx, t.prefill_start, self.tracer.mark(), attrs, error_type=error_type)
-        t.prefill_start = None
+        end = t.prefill_end if t.prefill_end is not None else self.tracer.mark()
+        self.tracer.stage("prefill", t.ctx, t.prefill_start, end, attrs, error_type=error_type)
+        t.prefill_start = t.prefill_end = None
 
     def _record_decode(self, t: Tracked, error_type: str) -> None:
         if t.decode_start is None:

@@ -8,6 +8,12 @@ send the blocks with `KVSender.send` (blocking, never on the engine thread), rec
 
 The kv_transfer span id is chosen before sending and travels as the parent in the transfer header's
 `traceparent`, so the decode worker's `.recv` span hangs under it.
+
+The kv_transfer stage runs from the prefill's end (`handoff_wall_ns`, the host time of the prefill span's
+end mark) to the moment the receiver had the last byte checked (`TransferResult.receiver_end_wall_ns`,
+moved onto this clock by the transfer's clock offset); the decode worker starts decoding after that, so
+the stages never overlap. The `.send` child is the sender's own view: it ends when the last stream's
+acknowledgement arrived, which may be after the decode worker already took the request over.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from reference_server.engine import EVENT_ERROR, KV_REFUSED, Deliver, Engine, Tracked, kv_attributes
@@ -42,13 +49,16 @@ class KVHandoff:
         streams: int,
         threads: int = 4,
         max_queued: int = 256,
+        clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
+        """`clock_ns` is the wall clock the sender times with (the tracer's, so the spans compare exactly)."""
         self.engine = engine
         self.sender = sender
         self.tracer = tracer
         self.deliver = deliver
         self.worker = worker
         self.streams = streams
+        self._clock_ns = clock_ns
         self._jobs: queue.Queue[tuple[Tracked, int, int] | None] = queue.Queue(maxsize=max_queued)
         self._threads = [
             threading.Thread(target=self._run, name=f"kv-handoff-{i}", daemon=True) for i in range(threads)
@@ -113,9 +123,11 @@ class KVHandoff:
             error_type, detail = "connection", f"{type(exc).__name__}: {exc}"
         finally:
             self.engine.finish_handoff(request.request_id)  # the source blocks go back either way
-        end_wall_ns = result.end_wall_ns if result is not None else time.time_ns()
         dst = t.kv_dst_worker or f"{t.kv_dst[0]}:{t.kv_dst[1]}"
         if result is not None:
+            # The stage ends where the decode worker holds the KV, not at the acknowledgement: by then
+            # the decode worker may already have sent the first token.
+            end_wall_ns = result.receiver_end_wall_ns
             attrs = kv_attributes(result, src=self.worker, dst=dst)
             self.tracer.stage_wall("kv_transfer", t.ctx, handoff_wall_ns, end_wall_ns, attrs, span_id=kv_span_id)
             self.tracer.stage_wall("kv_transfer.send", kv_ctx, result.start_wall_ns, result.end_wall_ns, attrs)
@@ -132,6 +144,7 @@ class KVHandoff:
             self.deliver([(t.sink, (EVENT_ERROR, 499, ABORTED, "the request was aborted"))])
             return
         log.warning("KV transfer of %s to %s failed: %s", request.request_id, dst, detail)
+        end_wall_ns = self._clock_ns()
         attrs = {s.ATTR_KV_SRC: self.worker, s.ATTR_KV_DST: dst, s.ATTR_KV_STREAMS: self.streams}
         self.tracer.stage_wall(
             "kv_transfer", t.ctx, handoff_wall_ns, end_wall_ns, attrs, span_id=kv_span_id, error_type=error_type

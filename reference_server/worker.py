@@ -34,6 +34,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -169,6 +170,9 @@ class Worker:
         self.receiver = None
         self.sender = None
         self.handoff = None
+        # The KV transfer times with the tracer's clock: its spans and the stage spans then share one
+        # timeline in this process, and the offset the sender measures is the one between the two tracers.
+        wall_ns = getattr(clock, "wall_ns", time.time_ns)
         if options.role == "decode":
             from reference_server.transfer import KVReceiver
 
@@ -179,15 +183,22 @@ class Worker:
                 on_complete=self.engine.kv_arrived,
                 on_failed=self.engine.kv_failed,
                 host=options.host,
+                clock_ns=wall_ns,
             )
             self.engine.kv_address = options.name
         elif options.role == "prefill":
             from reference_server.handoff import KVHandoff
             from reference_server.transfer import KVSender
 
-            self.sender = KVSender(streams=options.kv_streams)
+            self.sender = KVSender(streams=options.kv_streams, clock_ns=wall_ns)
             self.handoff = KVHandoff(
-                self.engine, self.sender, tracer, self.deliver, worker=options.name, streams=options.kv_streams
+                self.engine,
+                self.sender,
+                tracer,
+                self.deliver,
+                worker=options.name,
+                streams=options.kv_streams,
+                clock_ns=wall_ns,
             )
             self.engine.on_handoff = self.handoff
         self.engine.start()

@@ -61,6 +61,11 @@ class HostClock:
     def to_wall_ns(self, perf_ns: int) -> int:
         return self.anchor_wall_ns + (perf_ns - self.anchor_perf_ns)
 
+    def wall_ns(self) -> int:
+        """Now on this clock's wall timeline: what components timing outside the marks (the KV transfer)
+        read, so their times and the stage spans' compare exactly within a process."""
+        return self.anchor_wall_ns + (perf_counter_ns() - self.anchor_perf_ns)
+
     def host_perf_ns(self, mark: int) -> int:
         return mark
 
@@ -133,6 +138,10 @@ class CudaEventClock:
 
     def to_wall_ns(self, perf_ns: int) -> int:
         return self._host.to_wall_ns(perf_ns)
+
+    def wall_ns(self) -> int:
+        """Now on the host timeline that host-timed marks and `to_wall_ns` use (see HostClock.wall_ns)."""
+        return self._host.wall_ns()
 
     def _current_anchor(self) -> tuple[EventLike, int] | None:
         pending = self._pending_anchor

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO_ROOT
 from tracer.vocabulary import Verdict
 
 SHIPPED_DATA = (
@@ -30,35 +29,11 @@ SHIPPED_DATA = (
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(out),
-            str(REPO_ROOT),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    (built,) = out.glob("splitscope-*.whl")
-    return built
-
-
-@pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
     """A fresh virtual environment holding the wheel. Its dependencies come from this test's environment
     through a path file (the same versions, nothing downloaded); that environment's editable install of
-    the repository is not activated there, so `tracer` can only come from the wheel."""
+    the repository is not activated there, so `tracer` can only come from the wheel. Whether each extra's
+    own requirements are enough is test_extras_alone.py's question."""
     env = tmp_path_factory.mktemp("venv")
     venv.EnvBuilder(with_pip=False).create(env)
     site_packages = Path(sysconfig.get_path("purelib", vars={"base": str(env), "platbase": str(env)}))
