@@ -41,6 +41,7 @@ from reference_server.kv_cache import kv_bytes_per_token
 from reference_server.launch import ServeConfig
 from reference_server.model import ModelArgs
 from reference_server.process import ServerProcess
+from tests.slow_link.trace_window import copy_window
 from tracer.load import ClientSLO, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import OptionResult, ReportOptions, build_report
 from tracer.report.simulate import SLO
@@ -55,6 +56,9 @@ PROMPT, OUTPUT = LengthSpec(64), LengthSpec(128)
 # the measured capacity sat 1.0-1.5x over the prediction, mostly 1.25-1.5x, at the top of the tolerance (one
 # run here passed at FAIL_AT). Traced at 4.5 it sat 1.0-1.25x over in three runs.
 TRACED_RATE_RPS = 4.5
+# On a machine busy enough that the traced rate is already past capacity: traced again at this share of it,
+# down to the floor (below it too few batches of more than one request for the step fit).
+TRACED_RATE_BACKOFF, MIN_TRACED_RATE_RPS = 0.6, 1.5
 HORIZON_S = 20.0
 MIN_REQUESTS = 40
 PASS_AT, FAIL_AT = 0.75, 1.5
@@ -206,8 +210,20 @@ def _try(workdir: Path) -> Try:
     colocated_args = ["--mode", "colocated", "--workers", str(WORKERS), "--step-sample", "1"]
     with _serve(colocated_args, workdir / "colocated.log", traces) as server:
         _warm(server.url)
-        traced_attainment, traced = _timed_attainment(server.url, TRACED_RATE_RPS, seed=11)
-        predicted = _predictions(traces)
+        # The premise: a traced run below capacity (about half of it on this machine when quiet). A machine
+        # busy enough that the traced rate already misses the objective is traced again, slower, until it
+        # meets it: the fit is then taken where the prediction is meant to start from.
+        traced_rate_rps = TRACED_RATE_RPS
+        traced_attainment, traced = _timed_attainment(server.url, traced_rate_rps, seed=11)
+        while traced_attainment < TARGET_ATTAINMENT and traced_rate_rps > MIN_TRACED_RATE_RPS:
+            print(f"traced at {traced_rate_rps:g} req/s: attainment {traced_attainment:.2f}, below the objective")
+            traced_rate_rps *= TRACED_RATE_BACKOFF
+            traced_attainment, traced = _timed_attainment(server.url, traced_rate_rps, seed=11)
+        fitted = traces
+        if traced_rate_rps != TRACED_RATE_RPS:  # only the last traced run is fitted, not the overloaded ones
+            fitted = workdir / "traced.jsonl"
+            copy_window(traces, fitted, traced.start_ns, traced.end_ns)  # spans kept by their start
+        predicted = _predictions(fitted)
         result = Try(predicted[f"colocated x{WORKERS}"], predicted["split 1:1"], {"traced": traced_attainment})
         assert result.colocated.goodput_per_gpu > result.split.goodput_per_gpu, predicted  # the report's order
         windows = {}
