@@ -16,7 +16,14 @@ import numpy as np
 
 from tracer.report import selfcheck
 from tracer.report.budget import candidate_budgets_tokens
-from tracer.report.confidence import MIN_RESAMPLES, RERUN_DURATION_S, RERUN_REQUESTS, RERUN_SAMPLE_REQUESTS, bootstrap
+from tracer.report.confidence import (
+    MIN_RESAMPLES,
+    RERUN_DURATION_S,
+    RERUN_REQUESTS,
+    RERUN_SAMPLE_REQUESTS,
+    Confidence,
+    bootstrap,
+)
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
 from tracer.report.estimate import (
     chunk_budget_tokens,
@@ -123,6 +130,7 @@ class WindowResult:
     requests: int
     decision: Decision
     options: list[OptionResult]
+    results: list[GoodputResult] = field(default_factory=list, repr=False)  # the simulations behind `options`
 
 
 @dataclass
@@ -151,6 +159,9 @@ class Report:
     confidence_resamples: int = 0
     data: TraceData | None = field(default=None, repr=False)  # for plots; not serialised
     step_fit: StepFit | None = field(default=None, repr=False)
+    # How the self-check ended (selfcheck.py): misses, those that matter, the correction, the outcome.
+    # Empty when no decision got that far.
+    self_check: dict[str, Any] = field(default_factory=dict)
 
 
 def _quantiles(values: np.ndarray) -> dict[str, float]:
@@ -265,7 +276,8 @@ class _Findings:
 
 def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     """Decide from loaded traces: fit, simulate every candidate layout per window, check the model on the
-    current layout, and say how sure the verdict is. Blocking, CPU only."""
+    current layout (correcting it where a miss matters, selfcheck.py), and say how sure the verdict is.
+    Blocking, CPU only."""
     found = _findings(data, options)
     current, step_fit = found.current, found.step_fit
     if found.missing or step_fit is None or current is None:
@@ -280,45 +292,204 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     params = EngineParams(
         max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step
     )
-    window_results, largest = _judge_windows(found, costs, params)
-    final = combine_windows(current, [w.decision for w in window_results])
-    with_options = [w for w in window_results if w.options]
-    goodput = _mean_options(with_options) if with_options else []
-    network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
+    budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
+    run = _Run.of(found, costs, params, budgets)
     found.evidence += _evidence(
-        found.measured, step_fit, found.prefill_fit, found.transfer_fit, network, current, final, window_results
+        found.measured, step_fit, found.prefill_fit, found.transfer_fit, run.network, current, run.final, run.windows
     )
     gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
-    check = model_check(current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram)
+    check = model_check(
+        current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram, _served_attainment(found, requests)
+    )
     if check:
         found.evidence.append(_model_check_line(check, slo))
-    decided: dict[str, Any] = dict(goodput=goodput, network=network, windows=window_results)
-    if final.verdict == Verdict.INSUFFICIENT_DATA:
-        return found.report(Verdict.INSUFFICIENT_DATA, final.reasons, **decided)
-    failed_check = selfcheck.misses(check, step_fit.r2, slo.itl_stat)
-    if failed_check:
-        guess = _headline_of(final)
-        reasons = failed_check + [f"unconfirmed best guess (not a recommendation while the model misses): {guess}"]
-        return found.report(Verdict.INSUFFICIENT_DATA, reasons, model_check=check, unconfirmed=guess, **decided)
-    confidence = None
-    if options.confidence_resamples and largest is not None:
-        confidence = bootstrap(
-            final,
-            current,
-            largest[1],
-            largest[2],
-            step_fit,
-            costs,
-            slo,
-            options.margin,
-            params,
-            options.confidence_resamples,
-            options.seed,
-            min(options.sim_requests, RERUN_REQUESTS),
-            min(options.sim_duration_s, RERUN_DURATION_S),
-            RERUN_SAMPLE_REQUESTS,
-        )
+    if run.final.verdict == Verdict.INSUFFICIENT_DATA:
+        return found.report(Verdict.INSUFFICIENT_DATA, run.final.reasons, **run.fields())
+    judgement = selfcheck.judge(check, step_fit.r2, slo)
+    if judgement.mattering:
+        return _corrected_report(found, run, check, judgement)
+    outcome = selfcheck.Outcome.MISSES_DO_NOT_MATTER if judgement.misses else selfcheck.Outcome.PASSED
+    found.evidence += judgement.harmless
+    confidence = _confidence(run)
+    if confidence is not None:
         found.evidence.append(_confidence_line(confidence))
+    return _answer(found, run, check, confidence, _self_check(judgement, outcome))
+
+
+@dataclass
+class _Run:
+    """One decision over every window, at one objective: what the report shows of it and what a bootstrap
+    re-runs. `largest` is the window with the most requests: (its size, its goodput results, its workload)."""
+
+    found: _Findings
+    costs: Costs
+    params: EngineParams
+    slo: SLO
+    budgets: tuple[int, ...]
+    windows: list[WindowResult]
+    largest: tuple[int, list[GoodputResult], Workload] | None
+    final: Decision
+    goodput: list[OptionResult]
+    network: dict[str, float]
+
+    @classmethod
+    def of(cls, found: _Findings, costs: Costs, params: EngineParams, budgets: tuple[int, ...]) -> _Run:
+        """Simulate and decide at `found.options.slo` over the layouts `budgets` make candidates."""
+        assert found.current is not None
+        windows, largest = _judge_windows(found, costs, params, budgets)
+        final = combine_windows(found.current, [w.decision for w in windows])
+        with_options = [w for w in windows if w.options]
+        goodput = _mean_options(with_options) if with_options else []
+        network = _network(found.measured, found.transfer, found.transfer_fit, final, goodput)
+        return cls(found, costs, params, found.options.slo, budgets, windows, largest, final, goodput, network)
+
+    def at(self, slo: SLO) -> _Run:
+        """The same decision taken again against `slo`, over the same candidate layouts (so that the two
+        runs differ in the answer, never in the menu)."""
+        options = replace(self.found.options, slo=slo, chunk_budgets_tokens=self.budgets)
+        return _Run.of(replace(self.found, options=options), self.costs, self.params, self.budgets)
+
+    def fields(self) -> dict[str, Any]:
+        return dict(goodput=self.goodput, network=self.network, windows=self.windows)
+
+
+def _served_attainment(found: _Findings, requests: RequestTable) -> float | None:
+    """The measured attainment among the requests that did not fail (the ones the model check replays):
+    failed requests never meet the SLO, so it is the measured share over the served share."""
+    served = int((~requests.failed).sum())
+    if found.measured is None or not served:
+        return None
+    return found.measured.attainment * len(requests) / served
+
+
+def _corrected_report(found: _Findings, run: _Run, check: dict[str, float], judgement: selfcheck.Judgement) -> Report:
+    """Misses that matter: correct the model (selfcheck.Correction) and decide again; answer only when the
+    corrected decision is the same one, else `insufficient-data` with the original as the unconfirmed guess."""
+    guess = _headline_of(run.final)
+    unconfirmed = f"unconfirmed best guess (not a recommendation while the model misses): {guess}"
+    correction = judgement.correction
+    if correction is None:
+        stops = judgement.refusals or [
+            "no quantile misses to correct the model by: the misses that matter are unexplained"
+        ]
+        reasons = judgement.mattering + [r for r in stops if r not in judgement.mattering] + [unconfirmed]
+        self_check = _self_check(judgement, selfcheck.Outcome.REFUSED_FIT)
+        return _refuse(found, run, check, reasons, guess, self_check)
+    corrected = run.at(correction.slo(run.slo))
+    said = _headline_of(corrected.final)
+    correction_line = _correction_line(correction, run.slo, corrected.slo)
+    if corrected.final.verdict != Verdict.INSUFFICIENT_DATA and corrected.final.key == run.final.key:
+        self_check = _self_check(judgement, selfcheck.Outcome.CORRECTED_SAME_VERDICT, correction, said)
+        found.evidence += judgement.mattering + judgement.harmless + [correction_line]
+        found.evidence.append(f"the corrected decision agrees: {said} ({'; '.join(corrected.final.reasons)})")
+        confidence = _lower_confidence(_confidence(run), _confidence(corrected))
+        if confidence is not None:
+            found.evidence.append(
+                _confidence_line(confidence) + " (the lower of the bootstrap at the measured and at the corrected SLO)"
+            )
+        return _answer(found, corrected, check, confidence, self_check)
+    if _margin_erased(run, corrected):
+        outcome = selfcheck.Outcome.REFUSED_MARGIN
+        why = (
+            f"the correction erases its margin: {guess} still ranks first, by less than the "
+            f"{found.options.margin:.0%} margin ({guess} -> {said})"
+        )
+    else:
+        outcome, why = selfcheck.Outcome.REFUSED_FLIPS, f"the correction flips the verdict: {guess} -> {said}"
+    self_check = _self_check(judgement, outcome, correction, said)
+    reasons = judgement.mattering + [correction_line, why, unconfirmed]
+    return _refuse(found, run, check, reasons, guess, self_check)
+
+
+def _margin_erased(run: _Run, corrected: _Run) -> bool:
+    """Whether the corrected run still ranks the original change first and only its margin is gone: with
+    no margin to clear, the corrected windows would decide the same change."""
+    current = run.found.current
+    if not run.final.changes_layout or current is None:
+        return False
+    at_zero = [decide(current, w.results, 0.0) if w.results else w.decision for w in corrected.windows]
+    return combine_windows(current, at_zero).key == run.final.key
+
+
+def _correction_line(correction: selfcheck.Correction, slo: SLO, corrected: SLO) -> str:
+    return (
+        f"self-check correction {correction.describe()}: for the deployment to meet TTFT <= {slo.ttft_s:.3g} s "
+        f"and ITL {slo.itl_stat} <= {slo.itl_s:.3g} s, the model must meet TTFT <= {corrected.ttft_s:.3g} s and "
+        f"ITL {slo.itl_stat} <= {corrected.itl_s:.3g} s; the decision is taken again against those "
+        f"(factors clipped to 1/{selfcheck.MAX_CORRECTION:g}..{selfcheck.MAX_CORRECTION:g})"
+    )
+
+
+def _self_check(
+    judgement: selfcheck.Judgement,
+    outcome: selfcheck.Outcome,
+    correction: selfcheck.Correction | None = None,
+    corrected_verdict: str | None = None,
+) -> dict[str, Any]:
+    """The report's `self_check` field (docs/architecture.md, section 7)."""
+    return {
+        "misses": list(judgement.misses),
+        "mattering": list(judgement.mattering),
+        "correction": None
+        if correction is None
+        else {"ttft_factor": correction.ttft_factor, "itl_factor": correction.itl_factor},
+        "corrected_verdict": corrected_verdict,
+        "outcome": outcome,
+    }
+
+
+def _refuse(
+    found: _Findings, run: _Run, check: dict[str, float], reasons: list[str], guess: str, self_check: dict[str, Any]
+) -> Report:
+    return found.report(
+        Verdict.INSUFFICIENT_DATA,
+        reasons,
+        model_check=check,
+        unconfirmed=guess,
+        self_check=self_check,
+        **run.fields(),
+    )
+
+
+def _confidence(run: _Run) -> Confidence | None:
+    """Bootstrap the run's verdict (confidence.py); None when skipped or no window had data."""
+    options, step_fit, current = run.found.options, run.found.step_fit, run.found.current
+    if not options.confidence_resamples or run.largest is None or step_fit is None or current is None:
+        return None
+    return bootstrap(
+        run.final,
+        current,
+        run.largest[1],
+        run.largest[2],
+        step_fit,
+        run.costs,
+        run.slo,
+        options.margin,
+        run.params,
+        options.confidence_resamples,
+        options.seed,
+        min(options.sim_requests, RERUN_REQUESTS),
+        min(options.sim_duration_s, RERUN_DURATION_S),
+        RERUN_SAMPLE_REQUESTS,
+    )
+
+
+def _lower_confidence(one: Confidence | None, other: Confidence | None) -> Confidence | None:
+    """The less sure of two bootstraps of the same verdict: a corrected answer is as sure as its weaker side
+    (a factor on the corrected one would be a number nobody measured)."""
+    if one is None or other is None:
+        return one or other
+    return one if one.share <= other.share else other
+
+
+def _answer(
+    found: _Findings,
+    run: _Run,
+    check: dict[str, float],
+    confidence: Confidence | None,
+    self_check: dict[str, Any],
+) -> Report:
+    final = run.final
     return found.report(
         final.verdict,
         ratio=final.ratio,
@@ -329,7 +500,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         model_check=check,
         confidence=confidence.share if confidence else None,
         confidence_resamples=confidence.resamples if confidence else 0,
-        **decided,
+        self_check=self_check,
+        **run.fields(),
     )
 
 
@@ -515,12 +687,12 @@ def _step_costs(
 
 
 def _judge_windows(
-    found: _Findings, costs: Costs, params: EngineParams
+    found: _Findings, costs: Costs, params: EngineParams, budgets: tuple[int, ...]
 ) -> tuple[list[WindowResult], tuple[int, list[GoodputResult], Workload] | None]:
-    """Every window's decision over the candidate layouts, and the largest window's goodput results."""
+    """Every window's decision over the candidate layouts (chunked at each of `budgets`), and the largest
+    window's goodput results."""
     options, requests, data, current = found.options, found.requests, found.data, found.current
-    assert found.step_fit is not None and current is not None
-    budgets = options.chunk_budgets_tokens or _budgets(found.step_fit, options.slo, requests, data)
+    assert current is not None
     layouts = candidate_layouts(found.gpus, budgets)
     if current.label not in {layout.label for layout in layouts}:
         layouts.append(current)
@@ -553,7 +725,7 @@ def _judge_windows(
         decision = decide(current, results, options.margin)
         if largest is None or len(selected) > largest[0]:
             largest = (len(selected), results, observed)
-        window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results]))
+        window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results], results))
     return window_results, largest
 
 
@@ -569,6 +741,12 @@ def _model_check_line(check: dict[str, float], slo: SLO) -> str:
             f"{check[f'measured_gap_p{q}_low_s']:.3g}-{check[f'measured_gap_p{q}_high_s']:.3g} s bucket"
             for q in selfcheck.GAP_QUANTILES
             if f"predicted_gap_p{q}_s" in check
+        )
+        + (
+            f"; SLO attainment at the observed rate predicted {check['predicted_attainment']:.1%} vs measured "
+            f"{check['measured_attainment']:.1%}"
+            if "predicted_attainment" in check and "measured_attainment" in check
+            else ""
         )
     )
 
@@ -797,12 +975,16 @@ def model_check(
     noise_sigma: float = 0.0,
     params: EngineParams = EngineParams(),
     measured_gaps: Histogram | None = None,
+    measured_attainment: float | None = None,
 ) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
     vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible). With the engine's
     gap histogram (`measured_gaps`), also every predicted gap's p50/p90/p99 against the bucket that holds
-    the measured one (`measured_gap_pXX_low_s` / `_high_s`): a measurement no estimate stands in for."""
+    the measured one (`measured_gap_pXX_low_s` / `_high_s`): a measurement no estimate stands in for. And
+    the share of requests meeting both SLOs at the observed rate, `predicted_attainment` against
+    `measured_attainment` (given: the report's own measure, e.g. corrected by the gap histogram; else
+    counted on these requests' spans)."""
     ok = ~requests.failed
     if ok.sum() < 2:
         return {}
@@ -820,7 +1002,12 @@ def model_check(
     measured_itl = measured_itl[~np.isnan(measured_itl)]
     measured_ttft = requests.ttft_s[ok]
     measured_ttft = measured_ttft[~np.isnan(measured_ttft)]
-    out: dict[str, float] = {}
+    out: dict[str, float] = {
+        "predicted_attainment": result.attainment_for(slo),
+        "measured_attainment": measured_attainment
+        if measured_attainment is not None
+        else measure(requests.select(ok), slo).attainment,
+    }
     for q in (50, 90):
         out[f"predicted_ttft_p{q}_s"] = float(np.percentile(result.ttft_s, q))
         out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")

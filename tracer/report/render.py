@@ -106,6 +106,7 @@ def to_json(report: Report) -> dict[str, Any]:
             },
             "network": report.network,
             "model_check": report.model_check,
+            "self_check": report.self_check or None,
             "windows": [
                 {
                     "start_s": w.start_s,
@@ -142,6 +143,8 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
             )
         )
     out.append(("Confidence", [_confidence_line(report)]))
+    if report.self_check:
+        out.append(("Self-check", [_self_check_line(report.self_check)]))
     out.append(
         (
             "SLO",
@@ -180,6 +183,20 @@ def _confidence_line(report: Report) -> str:
         f"{report.confidence:.0%} of {report.confidence_resamples} bootstrap re-runs (requests and step-fit residuals "
         "resampled) reach the same verdict"
     )
+
+
+def _self_check_line(self_check: dict[str, Any]) -> str:
+    """The self-check in one line: its outcome, how many misses and how many matter, the correction."""
+    line = (
+        f"{self_check['outcome']}: {len(self_check['misses'])} model-check misses, "
+        f"{len(self_check['mattering'])} able to change the verdict"
+    )
+    correction = self_check.get("correction")
+    if correction:
+        line += f"; corrected TTFT x{correction['ttft_factor']:.3g}, ITL x{correction['itl_factor']:.3g}"
+    if self_check.get("corrected_verdict"):
+        line += f", corrected decision: {self_check['corrected_verdict']}"
+    return line + " (see Evidence)"
 
 
 def render_markdown(report: Report) -> str:

@@ -1,15 +1,33 @@
-"""The report checks itself before it recommends anything (DESIGN section 7).
+"""The report checks itself before it recommends anything (DESIGN section 7), and asks whether a miss matters.
 
-Two tests, both stated in the report: the fitted model, replayed on the observed layout and requests,
+Three tests, all stated in the report: the fitted model, replayed on the observed layout and requests,
 must land within a tolerance of what was measured (TTFT p50 and p90, and p50 and p90 of the per-request
-inter-token statistic the SLO uses), and the step fit must explain the step times (R^2 at least a floor).
-A report that fails either says `insufficient-data` with the reasons, and shows its best guess as
-unconfirmed. Pure computation.
+inter-token statistic the SLO uses; with an engine's gap histogram, every gap's p50/p90/p99), it must
+predict the SLO attainment at the observed rate within ATTAINMENT_TOLERANCE, and the step fit must explain
+the step times (R^2 at least a floor).
+
+Not every miss can change the answer. `judge` sorts them:
+
+- a quantile miss matters when the span from its predicted to its measured value reaches within
+  NEAR_SLO_SHARE..1/NEAR_SLO_SHARE of its SLO (at least half the objective, at most twice it, or straddling
+  it); a miss far below the objective (or far above it) moves no request across it;
+- an attainment miss (predicted vs measured share of requests meeting both SLOs) always matters;
+- a step fit under the floor always matters and refuses the answer outright: its costs explain too little
+  of the data for any correction to stand on.
+
+A miss that matters is corrected the way Dynamo's planner corrects its profile: per quantity, observed over
+predicted (`Correction`), and the decision is taken again against the objective the model must meet for the
+deployment to meet the real one (`Correction.slo`). The caller (build.py) answers only when that corrected
+decision agrees. Pure computation.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+
+from tracer.report.simulate import SLO
 
 # A prediction within this share of the measurement (or within the absolute floor, below which a
 # difference is timer jitter and a frontend's rounding rather than a model miss) passes.
@@ -17,6 +35,13 @@ TOLERANCE = 0.35  # the error the simulator is held to on a real reference-serve
 TOLERANCE_FLOOR_S = 0.005
 # The step fit must explain at least this share of the variance of observed (or estimated) step times.
 MIN_STEP_R2 = 0.8
+# A quantile miss can move requests across the objective only when it comes within this factor of it.
+NEAR_SLO_SHARE = 0.5
+# Predicted and measured attainment at the observed rate may differ by this much (a share of requests):
+# about what 200 requests' sampling noise allows at a 90% target.
+ATTAINMENT_TOLERANCE = 0.10
+# A correction beyond this factor is not a model that is a little off but one that is wrong: clip it.
+MAX_CORRECTION = 4.0
 
 CHECKED = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("ITL p50", "itl_p50_s"), ("ITL p90", "itl_p90_s"))
 # With an engine's gap histogram (--metrics-file): quantiles of every gap, each against the bucket that holds
@@ -24,33 +49,122 @@ CHECKED = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("ITL p50", "
 GAP_QUANTILES = (50, 90, 99)
 
 
+class Outcome(StrEnum):
+    """How the self-check ended; `self_check.outcome` in the report."""
+
+    PASSED = "passed"  # no miss
+    MISSES_DO_NOT_MATTER = "misses-do-not-matter"  # misses, none able to change the verdict
+    CORRECTED_SAME_VERDICT = "corrected-same-verdict"  # corrected, and the corrected decision agrees
+    REFUSED_FLIPS = "refused-flips"  # the corrected decision is another one
+    REFUSED_MARGIN = "refused-margin"  # the corrected decision keeps the layout: the change's win is under the margin
+    REFUSED_FIT = "refused-fit"  # the step fit explains too little, or nothing to correct a miss that matters by
+
+
+@dataclass(frozen=True)
+class Correction:
+    """Observed over predicted, per quantity (1.0: no correction): 1.5 means the model underpredicts by 1.5x."""
+
+    ttft_factor: float = 1.0
+    itl_factor: float = 1.0
+
+    def slo(self, slo: SLO) -> SLO:
+        """The objective the model must meet for the deployment to meet `slo`: each threshold divided by its
+        factor (a model 1.5x too quick on ITL is judged against itl_s / 1.5). Attainment and statistic stay."""
+        return replace(slo, ttft_s=slo.ttft_s / self.ttft_factor, itl_s=slo.itl_s / self.itl_factor)
+
+    def describe(self) -> str:
+        return f"TTFT x{self.ttft_factor:.3g}, ITL x{self.itl_factor:.3g} (observed over predicted)"
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the self-check found. `misses`: every miss, as stated in the report; `mattering`: those that can
+    change the verdict; `refusals`: those that stop the answer outright (no correction is tried);
+    `harmless`: one line per miss that does not matter, saying why; `correction`: observed over predicted
+    from the mattering misses, None when none matters, a refusal stands, or nothing corrects them."""
+
+    misses: list[str] = field(default_factory=list)
+    mattering: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    harmless: list[str] = field(default_factory=list)
+    correction: Correction | None = None
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """One quantile the model misses: its words, the quantity it measures, the predicted value, the measured
+    one (for a histogram bucket, the edge nearest the prediction) and the SLO threshold of its quantity."""
+
+    text: str
+    quantity: str  # "ttft" | "itl"
+    predicted_s: float
+    measured_s: float
+    slo_s: float
+
+    @property
+    def matters(self) -> bool:
+        low, high = sorted((self.predicted_s, self.measured_s))
+        return high >= NEAR_SLO_SHARE * self.slo_s and low <= self.slo_s / NEAR_SLO_SHARE
+
+    @property
+    def factor(self) -> float:
+        if self.predicted_s <= 0:
+            return MAX_CORRECTION
+        return min(max(self.measured_s / self.predicted_s, 1 / MAX_CORRECTION), MAX_CORRECTION)
+
+    @property
+    def distance(self) -> float:
+        """How far the measurement sits from the objective, in log terms (0: on it)."""
+        return abs(math.log(max(self.measured_s, 1e-12) / self.slo_s))
+
+
 def describe_tolerance() -> str:
     return (
-        f"within {TOLERANCE:.0%} (or {TOLERANCE_FLOOR_S * 1e3:g} ms) of the measured, step fit R^2 >= {MIN_STEP_R2:g}"
+        f"within {TOLERANCE:.0%} (or {TOLERANCE_FLOOR_S * 1e3:g} ms) of the measured, attainment within "
+        f"{ATTAINMENT_TOLERANCE * 100:g} points, step fit R^2 >= {MIN_STEP_R2:g}"
     )
 
 
-def misses(check: dict[str, float], step_r2: float | None, itl_stat: str) -> list[str]:
-    """Reasons the model cannot be trusted on this data; empty when it passes."""
-    reasons = []
+def judge(check: dict[str, float], step_r2: float | None, slo: SLO) -> Judgement:
+    """Sort the model check's misses (build.model_check's keys) into those that matter and those that do
+    not, and the correction the mattering ones call for (module docstring)."""
+    quantiles = _quantile_misses(check, slo) + _gap_misses(check, slo)
+    attainment = _attainment_miss(check)
+    fit = _fit_miss(step_r2)
+    misses = [m.text for m in quantiles] + [r for r in (attainment, fit) if r]
+    mattering = [m.text for m in quantiles if m.matters] + [r for r in (attainment, fit) if r]
+    refusals = [fit] if fit else []
+    harmless = [
+        f"{m.text}: does not matter, {_why_harmless(m, check if attainment is None else {})}"
+        for m in quantiles
+        if not m.matters
+    ]
+    correction = None
+    if mattering and not refusals:
+        correction = _correction(quantiles, use_any=attainment is not None)
+    return Judgement(misses, mattering, refusals, harmless, correction)
+
+
+def _quantile_misses(check: dict[str, float], slo: SLO) -> list[_Miss]:
+    out = []
     for label, key in CHECKED:
         predicted, measured = check.get(f"predicted_{key}"), check.get(f"measured_{key}")
         if predicted is None or measured is None or not (math.isfinite(predicted) and math.isfinite(measured)):
             continue
-        if abs(predicted - measured) > max(TOLERANCE * measured, TOLERANCE_FLOOR_S):
-            label = label.replace("ITL", f"ITL {itl_stat}")
-            reasons.append(
-                f"model check misses on the current layout: predicted {label} {predicted:.3g} s vs measured {measured:.3g} s "
-                f"(tolerance {TOLERANCE:.0%} or {TOLERANCE_FLOOR_S * 1e3:g} ms)"
-            )
-    reasons += _gap_misses(check)
-    if step_r2 is not None and step_r2 < MIN_STEP_R2:
-        reasons.append(f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}")
-    return reasons
+        if abs(predicted - measured) <= max(TOLERANCE * measured, TOLERANCE_FLOOR_S):
+            continue
+        label = label.replace("ITL", f"ITL {slo.itl_stat}")
+        quantity = "ttft" if key.startswith("ttft") else "itl"
+        text = (
+            f"model check misses on the current layout: predicted {label} {predicted:.3g} s vs measured {measured:.3g} s "
+            f"(tolerance {TOLERANCE:.0%} or {TOLERANCE_FLOOR_S * 1e3:g} ms)"
+        )
+        out.append(_Miss(text, quantity, predicted, measured, slo.ttft_s if quantity == "ttft" else slo.itl_s))
+    return out
 
 
-def _gap_misses(check: dict[str, float]) -> list[str]:
-    reasons = []
+def _gap_misses(check: dict[str, float], slo: SLO) -> list[_Miss]:
+    out = []
     for q in GAP_QUANTILES:
         predicted = check.get(f"predicted_gap_p{q}_s")
         low, high = check.get(f"measured_gap_p{q}_low_s"), check.get(f"measured_gap_p{q}_high_s")
@@ -58,9 +172,60 @@ def _gap_misses(check: dict[str, float]) -> list[str]:
             continue
         if low * (1 - TOLERANCE) - TOLERANCE_FLOOR_S <= predicted <= high * (1 + TOLERANCE) + TOLERANCE_FLOOR_S:
             continue
-        reasons.append(
+        text = (
             f"model check misses the engine's own gaps (--metrics-file): predicted p{q} of every inter-token gap "
             f"{predicted:.3g} s vs the measured one in {low:.3g}-{high:.3g} s (tolerance {TOLERANCE:.0%} or "
             f"{TOLERANCE_FLOOR_S * 1e3:g} ms outside that bucket)"
         )
-    return reasons
+        # The bucket's edge nearest the prediction: the smallest correction the measurement supports.
+        nearest = high if predicted > high else low
+        if not math.isfinite(nearest):
+            nearest = low
+        out.append(_Miss(text, "itl", predicted, nearest, slo.itl_s))
+    return out
+
+
+def _attainment_miss(check: dict[str, float]) -> str | None:
+    predicted, measured = check.get("predicted_attainment"), check.get("measured_attainment")
+    if predicted is None or measured is None or not (math.isfinite(predicted) and math.isfinite(measured)):
+        return None
+    if abs(predicted - measured) <= ATTAINMENT_TOLERANCE:
+        return None
+    return (
+        f"model check misses SLO attainment at the observed rate: predicted {predicted:.1%} vs measured {measured:.1%} "
+        f"of requests within both SLOs (tolerance {ATTAINMENT_TOLERANCE * 100:g} points)"
+    )
+
+
+def _fit_miss(step_r2: float | None) -> str | None:
+    if step_r2 is None or step_r2 >= MIN_STEP_R2:
+        return None
+    return f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}"
+
+
+def _why_harmless(miss: _Miss, check: dict[str, float]) -> str:
+    """Why `miss` cannot change the verdict; `check` empty when the attainment check has no word to add."""
+    high = max(miss.predicted_s, miss.measured_s)
+    where = "under half" if high < NEAR_SLO_SHARE * miss.slo_s else "over twice"
+    said = f"both values are {where} the {miss.slo_s:.3g} s objective, so it moves no request across it"
+    if "predicted_attainment" in check and "measured_attainment" in check:
+        said += (
+            f"; attainment at the observed rate agrees (predicted {check['predicted_attainment']:.1%} vs measured "
+            f"{check['measured_attainment']:.1%})"
+        )
+    return said
+
+
+def _correction(quantiles: list[_Miss], use_any: bool) -> Correction | None:
+    """Per quantity, the factor of its mattering miss nearest the objective (where a request's pass turns to
+    fail); with an attainment miss, a quantity without one takes its miss nearest the objective, mattering
+    or not. None when no miss gives a factor: there is nothing to correct by."""
+    factors = {}
+    for quantity in ("ttft", "itl"):
+        own = [m for m in quantiles if m.quantity == quantity]
+        candidates = [m for m in own if m.matters] or (own if use_any else [])
+        if candidates:
+            factors[quantity] = min(candidates, key=lambda m: m.distance).factor
+    if not factors or all(f == 1.0 for f in factors.values()):
+        return None
+    return Correction(factors.get("ttft", 1.0), factors.get("itl", 1.0))
