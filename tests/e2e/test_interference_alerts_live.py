@@ -51,6 +51,13 @@ ITL_MISS = "pool:splitscope_inter_token_latency_seconds:slo_miss_ratio_rate5m"
 # keep the mean of the rarer steps-with-prefill steady: at 3 requests/s (192-token outputs) one run of three
 # reached 2.7x in a 20 s window.
 STEADY_RATE_RPS, STEADY_PROMPT, STEADY_OUTPUT = 6.0, LengthSpec(2), LengthSpec(96)
+# The stream is sized to the machine by the client's in-flight cap, at the worker's batch (16 sequences):
+# on a quiet machine 6 requests/s of 96 tokens keep about 12 decodes running, under the cap; on a busy one
+# (CI, three cores' worth of other work here) a decode step took 80 ms instead of 20, 6 requests/s were
+# twice what the worker could serve, the queue grew for the whole run (time to first token 24-32 s) and the
+# requests behind it timed out. With the cap an arrival that finds the batch full is not sent (counted as
+# skipped), so the worker runs a full batch of short requests and never queues one: the load this test means.
+STEADY_MAX_INFLIGHT = 16
 # What bench/interference.py measures, made heavier for one worker: four 2048-token prompts every second
 # beside a stream of short requests. That is more prefill work than one worker does in a second however
 # fast the machine is (a 2048-token prefill takes 0.3-0.8 s here), so whole prefills stall every running
@@ -113,10 +120,19 @@ def test_steady_short_prompts_keep_interference_alerts_silent(server: ServerProc
     with running_prometheus([_target(server)], rule_files=[rules_file]) as prom:
         prom.wait_targets_up(timeout_s=30)
         load = BackgroundLoad(
-            _load(server, rate_rps=STEADY_RATE_RPS, duration_s=STEADY_S, prompt=STEADY_PROMPT, output=STEADY_OUTPUT)
+            _load(
+                server,
+                rate_rps=STEADY_RATE_RPS,
+                duration_s=STEADY_S,
+                prompt=STEADY_PROMPT,
+                output=STEADY_OUTPUT,
+                max_inflight=STEADY_MAX_INFLIGHT,
+            )
         ).start()
         result = load.join()
-        assert result.summary.errors == 0 and result.summary.ok >= 0.5 * STEADY_RATE_RPS * STEADY_S
+        # At least one request a second completed (on a quiet machine about six), none failed.
+        assert result.summary.errors == 0, result.summary.errors_by_kind
+        assert result.summary.ok >= STEADY_S, result.summary
 
         # Not vacuous: over the judged window both kinds of step ran often enough for the rules to trust
         # the ratio, the ratio and the inter-token miss ratio were computed...
