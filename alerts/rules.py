@@ -1,4 +1,4 @@
-"""Render alerts/rules.yaml: the recording rules and every alert of DESIGN section 6.
+"""Render alerts/rules.yaml: the recording rules and every alert of architecture.md §6.
 
 `render_rules()` builds the rule file as a dict from `AlertSettings`; `render_rules_yaml()` is the text that
 is committed as alerts/rules.yaml (tests check the committed file is byte-identical to a fresh render).
@@ -11,7 +11,7 @@ that every rule reads only recording rules evaluated before it.
 Recording rules follow `level:metric:operation`; the level names the labels kept beyond the deployment labels
 (`AlertSettings.deployment_labels`, default `namespace`), which every rule keeps: `pool_prefill_in_step:`
 keeps `pool` and `prefill_in_step`, `deployment:` only the deployment labels. Metric and label names are
-DESIGN section 5's.
+architecture.md §5's.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def le_matcher(bound_s: float) -> str:
 
 
 class _Names:
-    """Metric names of DESIGN section 5 that the rules read (histogram families without their suffix)."""
+    """Metric names of architecture.md §5 that the rules read (histogram families without their suffix)."""
 
     TTFT = TTFT_HISTOGRAM
     ITL = ITL_HISTOGRAM
@@ -819,10 +819,6 @@ def _all_rules(s: AlertSettings) -> list[tuple[dict[str, Any], bool]]:
         _pipeline_alerts,
     )
     return [(rule, part is _recommendation_records) for part in parts for rule in part(s, g)]
-
-
-def _alerting_rules(s: AlertSettings) -> list[dict[str, Any]]:
-    return [rule for rule, _ in _all_rules(s) if "alert" in rule]
 
 
 def _duration_s(duration: str) -> float:

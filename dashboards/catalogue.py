@@ -1,8 +1,8 @@
 """Which metrics do the dashboards and the rules read? Parsed from their PromQL, for the catalogue check.
 
 `referenced_metrics()` is what a catalogue test compares with the real /metrics exposition of the server and
-sidecar: every name it returns must be exposed by one of our components (STYLE 11). Histogram series
-(`_bucket`, `_sum`, `_count`) are reported as their family, named as DESIGN section 5 names it (counters keep
+sidecar: every name it returns must be exposed by one of our components (one catalogue, checked). Histogram series
+(`_bucket`, `_sum`, `_count`) are reported as their family, named as architecture.md §5 names it (counters keep
 `_total`).
 Recording-rule outputs (`level:metric:operation`) and Prometheus's own `up` are not ours to expose and are
 left out.

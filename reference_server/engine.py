@@ -10,7 +10,7 @@ Per iteration the thread takes the sampled tokens to the host once (`.tolist()`,
 for the device anyway; on CUDA the clock's anchor is taken right there), then hands every token event of
 the step to `deliver(batch)` in one call -- the worker turns that into one `loop.call_soon_threadsafe`.
 
-Tracing (DESIGN 4): one `tracer.step` per iteration; per request a `queue` span (arrival -> the step that
+Tracing (architecture.md §4): one `tracer.step` per iteration; per request a `queue` span (arrival -> the step that
 starts its prefill), a `prefill` span (that step's start -> the end of the step that produced the first
 token), and on colocated and decode workers a `decode` span with each token's host time and the prefill
 tokens that shared its step. Marks are never shared between two records: a CUDA clock recycles a record's
@@ -68,7 +68,7 @@ KV_REFUSED = KV_FAILURE_REFUSED  # the KV transfer failure reason for "the recei
 
 # Scheduler policy of each worker role.
 POLICY_OF_ROLE = {"colocated": "colocated", "chunked": "chunked", "prefill": "prefill-only", "decode": "decode-only"}
-# Span pool name (DESIGN 4) of each role.
+# Span pool name (architecture.md §4) of each role.
 # A loop iteration that raises this many times in a row is a deterministic failure, not bad luck.
 MAX_CONSECUTIVE_LOOP_FAILURES = 8
 POOL_OF_ROLE = {"colocated": "colocated", "chunked": "colocated", "prefill": "prefill", "decode": "decode"}
@@ -697,7 +697,7 @@ def sample_top_p_no_sync(
 
 
 def kv_attributes(info: Any, *, src: str | None = None, dst: str | None = None) -> dict[str, Any]:
-    """DESIGN 4 KV attributes from a TransferResult (sender) or ReceiveInfo (receiver)."""
+    """architecture.md §4 KV attributes from a TransferResult (sender) or ReceiveInfo (receiver)."""
     return {
         s.ATTR_KV_BYTES: info.kv_bytes,
         s.ATTR_KV_BLOCKS: info.blocks,

@@ -3,7 +3,7 @@
 Each worker labels every series it exports with its `worker` (and the deployment's `namespace`), so no two
 processes ever export the same series: nothing is summed across processes. A worker that misses a fetch or
 restarts changes only its own series, which Prometheus then sees as missing or reset, never as a drop of
-the fleet's total (DESIGN 5).
+the fleet's total (architecture.md §5).
 
 Joining is not parsing: an exposition is cut into family blocks at its `# HELP` lines, blocks of the same
 family from several processes are written one after another under the first one's HELP/TYPE lines (the

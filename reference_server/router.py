@@ -12,7 +12,7 @@ worker is exact and needs no polling):
   by fewest prompt tokens in flight. The router opens the token stream on the decode worker first (it
   then expects the request's KV), then posts the prompt to the prefill worker with the decode worker's
   KV receiver address. The first token reaches the client from the decode worker, after the transfer,
-  so time to first token includes the exposed transfer (DESIGN 7).
+  so time to first token includes the exposed transfer (architecture.md §7).
 
 Tracing: the root span `text_completion {model}` or `chat {model}` (SERVER; its parent is the client's
 `traceparent` when it sent one) is recorded when the request ends, with the first-token mark and the

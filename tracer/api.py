@@ -1,4 +1,4 @@
-"""The tracer interface engine code calls (STYLE 1: the engine never touches the OpenTelemetry SDK).
+"""The tracer interface engine code calls (the engine never touches the OpenTelemetry SDK).
 
     tracer = start_tracing(pool="colocated", worker="w0", traces_file="traces.jsonl").tracer  # a Tracer
     t0 = tracer.mark()

@@ -1,7 +1,7 @@
-"""The metric catalogue (DESIGN section 5): every name, label and bucket is defined here once.
+"""The metric catalogue (architecture.md §5): every name, label and bucket is defined here once.
 
 `Catalogue(registry)` builds every family; `catalogue.bind(pool, worker)` returns `WorkerMetrics`, the
-label children one worker writes, bound once at start (STYLE 4) so recording is only `inc`/`set`/`observe`.
+label children one worker writes, bound once at start so recording is only `inc`/`set`/`observe`.
 Latency histograms take the request's trace id as an OpenMetrics exemplar.
 
 Buckets (seconds) are chosen for LLM serving, and SLO thresholds used by alerts/ must be bucket
@@ -139,7 +139,6 @@ REQUESTS_FINISHED = "splitscope_requests_finished"
 # (not losses: splitscope_tracer_dropped_records counts those), and its decisions per trace.
 TAIL_SAMPLER_SPANS = "splitscope_tail_sampler_spans"
 TAIL_SAMPLER_TRACES = "splitscope_tail_sampler_traces"
-TAIL_DECISIONS = ("kept", "dropped")
 
 
 class Catalogue:
@@ -494,7 +493,7 @@ def exemplar(trace_id: int) -> dict[str, str]:
 def deployment_namespace() -> str | None:
     """The deployment this process belongs to: `service.namespace` of OTEL_RESOURCE_ATTRIBUTES, or None.
 
-    It becomes the `namespace` label of every series the process exports (DESIGN 4, 5), which is how alert
+    It becomes the `namespace` label of every series the process exports (architecture.md §4, §5), which is how alert
     rules and dashboards tell deployments sharing one Prometheus apart.
     """
     namespace = env_resource_attributes().get(RESOURCE_SERVICE_NAMESPACE)

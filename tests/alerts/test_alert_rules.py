@@ -1,4 +1,4 @@
-"""tracer.alerts.rules: the committed rule file, its contract (DESIGN 6) and the knobs live tests use."""
+"""tracer.alerts.rules: the committed rule file, its contract (architecture.md §6) and the knobs live tests use."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tracer.alerts.rules import RULES_PATH, le_matcher, render_rules, render_rul
 from tracer.alerts.settings import AlertSettings
 from tracer.dashboards.catalogue import recording_rule_names, selector_names
 
-# DESIGN section 6, written out here so a renamed or dropped alert fails this test.
+# architecture.md §6, written out here so a renamed or dropped alert fails this test.
 DESIGN_ALERTS = {
     "DecodeInterference",
     "SplitRecommended",

@@ -1,4 +1,4 @@
-"""tracer.dashboards.catalogue: every metric a dashboard or rule reads is in DESIGN section 5 and in the tracer's
+"""tracer.dashboards.catalogue: every metric a dashboard or rule reads is in architecture.md §5 and in the tracer's
 real exposition."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tracer.dashboards.catalogue import family_name, referenced_metrics, selector_names
 
-# DESIGN section 5, as data: name -> (type, labels).
+# architecture.md §5, as data: name -> (type, labels).
 DESIGN_CATALOGUE = {
     "gen_ai_server_time_to_first_token_seconds": ("histogram", {"gen_ai_request_model", "mode"}),
     "gen_ai_server_time_per_output_token_seconds": ("histogram", {"gen_ai_request_model", "mode"}),

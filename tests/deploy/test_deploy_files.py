@@ -19,7 +19,7 @@ from tracer.sidecar.main import sidecar_command
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
 
-# The project's default ports (DESIGN 8 and deploy/prometheus.yml): what the compose stack must agree with.
+# The project's default ports (architecture.md §8 and deploy/prometheus.yml): what the compose stack must agree with.
 SIDECAR_OTLP_GRPC, SIDECAR_OTLP_HTTP, SIDECAR_METRICS = 4317, 4318, 9464
 ROUTER_PORT, EXPORTER_PORT = 8000, 9400
 PROMETHEUS_PORT, GRAFANA_PORT, TEMPO_QUERY_PORT = 9090, 3000, 3200
@@ -132,5 +132,5 @@ def test_collector_writes_otlp_json_lines_and_forwards_traces() -> None:
     file_exporters = [e for e in pipeline["exporters"] if e.split("/")[0] == "file"]
     assert file_exporters and collector["exporters"][file_exporters[0]]["format"] == "json"
     assert any(e.split("/")[0] in {"otlp", "otlphttp"} for e in pipeline["exporters"])
-    # Bounded memory: the collector refuses data instead of growing (DESIGN 9).
+    # Bounded memory: the collector refuses data instead of growing (architecture.md §9).
     assert pipeline["processors"][0] == "memory_limiter"

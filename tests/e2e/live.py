@@ -87,7 +87,7 @@ def exposed_families(metrics_url: str) -> dict[str, Metric]:
 
 
 def missing_families(referenced: Sequence[str], families: dict[str, Metric]) -> list[str]:
-    """The referenced names (DESIGN 5 spelling: counters with `_total`) no family of `families` provides.
+    """The referenced names (architecture.md §5 spelling: counters with `_total`) no family of `families` provides.
 
     prometheus_client names a counter's family without `_total`; that family must then be a counter.
     """

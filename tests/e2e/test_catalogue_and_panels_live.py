@@ -1,4 +1,4 @@
-"""End to end: our running components expose every metric the dashboards and rules read (STYLE 11), and a
+"""End to end: our running components expose every metric the dashboards and rules read (one catalogue, checked), and a
 real Prometheus scraping them under load returns data for every dashboard panel.
 
 The stack, shared by the module (real processes, real sockets, real HTTP):

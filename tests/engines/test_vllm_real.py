@@ -46,7 +46,7 @@ REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
 VLLM_START_S = 300.0  # imports torch, builds the model, profiles memory: about 70 s on 2 idle cores
 PANEL_WAIT_S = 60.0
 OVERLAP_HOLD_S = 5.0  # a finished decode waits this long for overlapping prefills (the default is 30 s)
-# The report's verdicts (DESIGN 7).
+# The report's verdicts (architecture.md §7).
 VERDICTS = set(Verdict)
 
 

@@ -1,4 +1,4 @@
-"""A dead OTLP collector and a stopped Prometheus under load (DESIGN 9: a crash of the collector or of
+"""A dead OTLP collector and a stopped Prometheus under load (architecture.md §9: a crash of the collector or of
 Prometheus never stalls serving).
 
 Two like servers export OTLP, server a over HTTP/protobuf and server b over gRPC, each to its own

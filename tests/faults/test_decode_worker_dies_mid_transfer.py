@@ -1,4 +1,4 @@
-"""A decode worker killed while a KV transfer into it is under way (DESIGN 9: a worker that dies
+"""A decode worker killed while a KV transfer into it is under way (architecture.md §9: a worker that dies
 mid-request fails that request cleanly, frees its KV blocks, and leaves the rest serving).
 
 The race is made deterministic with signals: the prefill worker is stopped while the router sets the

@@ -1,4 +1,4 @@
-"""Memory stays bounded when export is dead for long enough to fill every buffer (DESIGN 9: every queue
+"""Memory stays bounded when export is dead for long enough to fill every buffer (architecture.md §9: every queue
 and buffer is bounded; every drop is counted).
 
 The serving tests produce a few thousand spans per outage, far below the buffers' caps. Here one

@@ -1,4 +1,4 @@
-"""The sidecar killed under load (DESIGN 9: a crash of the sidecar never stalls serving).
+"""The sidecar killed under load (architecture.md §9: a crash of the sidecar never stalls serving).
 
 Two like servers ship their spans (router and worker) each to its own `splitscope sidecar` over a Unix
 socket. One sidecar is SIGKILLed, and the same closed-loop workload runs on both servers in short

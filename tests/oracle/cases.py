@@ -2,7 +2,7 @@
 
 Each case is a deployment (the one traced), its hardware, its SLO and a traffic shape. `truth(case)`
 is the goodput table over colocated, chunked at every power-of-two budget and every P:D split of the
-same GPUs; `expected(case, table, margin)` reads the verdict the contract (DESIGN section 7) calls for:
+same GPUs; `expected(case, table, margin)` reads the verdict the contract (architecture.md §7) calls for:
 the best layout, changed to only when it beats the one it replaces by the margin.
 """
 

@@ -1,6 +1,6 @@
 """What an oracle run looks like to `splitscope report`: OTLP/JSON lines in two shapes.
 
-- `write_full`: our full shape (DESIGN section 4): a root `text_completion {model}` span per request with
+- `write_full`: our full shape (architecture.md §4): a root `text_completion {model}` span per request with
   queue / prefill / kv_transfer(.send) / decode children, and a `splitscope.step` span per iteration.
 - `vllm_request_lines`: what stock vLLM emits, one `llm_request` SERVER span per request with its
   latency attributes and token counts and nothing else (no steps, no inter-token figures); the tests

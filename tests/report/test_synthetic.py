@@ -1,4 +1,4 @@
-"""Synthetic trace files: the same JSON shape the SDK encoder writes, and the DESIGN section 4 contract."""
+"""Synthetic trace files: the same JSON shape the SDK encoder writes, and the architecture.md §4 contract."""
 
 from __future__ import annotations
 

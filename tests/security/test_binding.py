@@ -29,7 +29,7 @@ from tests.reference_server.server_harness import Server, http
 from tests.security.listeners import descendants, listening
 from tests.security.processes import SidecarProcess, clean_environment, probe_health
 from tests.sidecar.conftest import assert_grpc_export_needs_token, assert_unix_handshake_refused
-from tracer.sidecar import auth
+from tracer import auth
 from tracer.sidecar.auth import TOKEN_ENV
 from tracer.sidecar.server import Sidecar, SidecarConfig
 

@@ -90,7 +90,7 @@ class BurstSpec:
 class ClientSLO:
     """Latency objectives in seconds; None means "not judged".
 
-    `itl_s` applies to each request's p99 inter-token gap (the DESIGN's default ITL statistic).
+    `itl_s` applies to each request's p99 inter-token gap (the default ITL statistic of architecture.md §7).
     """
 
     ttft_s: float | None = None

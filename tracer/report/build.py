@@ -199,7 +199,7 @@ def measure(requests: RequestTable, slo: SLO) -> Measured:
 
 
 def current_layout(data: TraceData) -> Layout | None:
-    """The deployed layout: distinct workers per pool seen in the window (DESIGN section 7)."""
+    """The deployed layout: distinct workers per pool seen in the window (architecture.md §7)."""
     workers = data.workers
     if workers.get("prefill") and workers.get("decode"):
         return Layout("disaggregated", prefill_workers=len(workers["prefill"]), decode_workers=len(workers["decode"]))

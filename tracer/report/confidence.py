@@ -1,4 +1,4 @@
-"""How sure the verdict is: the share of bootstrap re-runs that reach it (DESIGN section 7).
+"""How sure the verdict is: the share of bootstrap re-runs that reach it (architecture.md §7).
 
 Each re-run draws the requests again with replacement (Workload.resample), refits the step model on its
 fitted values plus residuals drawn with replacement (StepFit.resampled), searches goodput again for the

@@ -1,4 +1,4 @@
-"""Verdicts (DESIGN section 7) from simulated goodput: margins against the current layout, and hysteresis
+"""Verdicts (architecture.md §7) from simulated goodput: margins against the current layout, and hysteresis
 over time windows. Pure computation.
 
 A change of layout needs a clear win: a split must beat the best single-pool option (colocated or

@@ -1,4 +1,4 @@
-"""The report checks itself before it recommends anything (DESIGN section 7), and asks whether a miss matters.
+"""The report checks itself before it recommends anything (architecture.md §7), and asks whether a miss matters.
 
 Three tests, all stated in the report: the fitted model, replayed on the observed layout and requests,
 must land within a tolerance of what was measured (TTFT p50 and p90, and p50 and p90 of the per-request

@@ -2,7 +2,7 @@
 
 The traces come from running the report's own discrete-event engine model (`simulate`) under a chosen
 layout and cost model, with lognormal noise on every step and transfer, and writing what a real
-deployment would record under DESIGN section 4: a root `text_completion {model}` span per request with
+deployment would record under architecture.md §4: a root `text_completion {model}` span per request with
 queue / prefill / kv_transfer(.send/.recv) / decode children, and one `splitscope.step` span per engine
 iteration per worker. The report must recover the costs by fitting these spans; it never sees the model.
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tracer.auth import bearer_ok, check_bind_token, is_loopback, token_ok
-
-__all__ = ["TOKEN_ENV", "bearer_ok", "is_loopback", "token_for", "token_ok"]
+from tracer.auth import check_bind_token
 
 TOKEN_ENV = "SPLITSCOPE_SIDECAR_TOKEN"
 

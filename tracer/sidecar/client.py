@@ -4,7 +4,7 @@ With it, a worker runs no OpenTelemetry SDK: its pipeline thread hands resolved 
 encoded into compact frames (wire.py) and a sender thread ships them to `splitscope sidecar`, which
 exports them and keeps the span-derived metrics.
 
-Contract (DESIGN section 9: a dead sidecar never stalls serving):
+Contract (architecture.md §9: a dead sidecar never stalls serving):
 - `emit` runs on the pipeline thread and never blocks: it encodes, appends to a buffer bounded by
   `max_buffered_spans`, and returns. When the buffer is full the oldest frames are dropped.
 - The sender thread connects lazily, retries with exponential backoff (up to `max_backoff_s`) while the

@@ -1,7 +1,7 @@
 """Which engine metric families mean the same as ours, and how they map (read by scrape.py).
 
 Source names are family names as `prometheus_client.parser.text_string_to_metric_families` reports them
-(counters without `_total`). Targets are the catalogue's families (tracer/metrics.py, DESIGN section 5);
+(counters without `_total`). Targets are the catalogue's families (tracer/metrics.py, architecture.md §5);
 labels come from the sidecar's configuration (`pool`, `worker`, `mode`), from the source series (the
 model name), or are fixed per mapping (`stage`, `phase`, `reason`). Families with no counterpart here
 are not re-exported (docs/engines.md lists what each engine cannot supply).

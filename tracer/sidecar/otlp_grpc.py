@@ -13,7 +13,7 @@ from concurrent import futures
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tracer.sidecar.auth import bearer_ok
+from tracer.auth import bearer_ok
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_decode import OtlpDecodeError, batches_from_request
 

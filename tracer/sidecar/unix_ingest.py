@@ -19,8 +19,8 @@ import stat
 import threading
 from collections.abc import Callable
 
+from tracer.auth import token_ok
 from tracer.sidecar import wire
-from tracer.sidecar.auth import token_ok
 from tracer.sidecar.ingest_queue import Batch, IngestQueue, resource_key
 
 log = logging.getLogger(__name__)
