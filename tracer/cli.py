@@ -17,6 +17,7 @@ _SUBCOMMANDS = {
     "load": ("tracer.load.cli:load_command", "load"),
     "sidecar": ("tracer.sidecar.main:sidecar_command", "sidecar"),
     "report": ("tracer.report.cli:report_command", "report"),
+    "explain": ("tracer.explain.cli:explain_command", "report"),
     "dashboards": ("tracer.dashboards.cli:dashboards_group", "dashboards"),
     "alerts": ("tracer.alerts.cli:alerts_group", "alerts"),
     "deploy-files": ("tracer.deploy_files:deploy_files_command", "all"),
