@@ -57,10 +57,15 @@ SLOW_PATHS = (
     "tests/reference_server/test_demo.py",
     "tests/load/test_against_reference_server.py",  # judges arrival times at a real router (50 ms)
     "tests/report/test_simulator_vs_server.py",
+    "tests/explain/test_reference_server.py",
 )
 # Slow tests that time nothing of this machine's: the wheel, and the oracle's own timings replayed into
 # sidecars and Prometheus (its ratios and alerts come from the replayed data, however late it arrives).
-UNTIMED_SLOW_PATHS = ("tests/packaging/", "tests/e2e/test_request_interference_live.py")
+UNTIMED_SLOW_PATHS = (
+    "tests/packaging/",
+    "tests/e2e/test_request_interference_live.py",
+    "tests/explain/test_reference_server.py",  # asserts causes and sums, whatever the stall took here
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
