@@ -21,6 +21,7 @@ from tracer.report.selfcheck import (
     Judgement,
     Outcome,
     judge,
+    wilson_interval,
 )
 from tracer.report.simulate import SLO
 from tracer.vocabulary import Verdict
@@ -93,6 +94,21 @@ def test_an_attainment_gap_matters_even_when_every_quantile_miss_is_far_from_the
 def test_an_attainment_gap_with_no_quantile_miss_has_nothing_to_correct_by():
     judgement = judge(_check(measured_attainment=0.5), 0.95, SLO_)
     assert judgement.mattering and judgement.correction is None
+
+
+def test_an_attainment_gap_a_handful_of_requests_cannot_resolve_is_no_miss():
+    # Four of six requests met the objective: 67% measured, yet anything from 30% to 90% fits those six.
+    few = _check(predicted_attainment=0.85, measured_attainment=4 / 6, attainment_requests=6.0)
+    assert judge(few, 0.95, SLO_).misses == []
+    # The same shares over 600 requests are a real miss, and the line says what the count resolves.
+    many = judge({**few, "attainment_requests": 600.0}, 0.95, SLO_)
+    assert len(many.mattering) == 1 and "what 600 requests resolve" in many.mattering[0]
+
+
+def test_the_wilson_interval_matches_the_published_values():
+    # Wilson (1927) as tabulated by Newcombe (1998), 95%: 4/6 -> 0.300-0.903, 0/10 -> 0-0.278.
+    assert wilson_interval(4 / 6, 6) == (pytest.approx(0.300, abs=1e-3), pytest.approx(0.903, abs=1e-3))
+    assert wilson_interval(0.0, 10) == (0.0, pytest.approx(0.278, abs=1e-3))
 
 
 def test_a_step_fit_under_the_floor_refuses_and_is_never_corrected():

@@ -1007,6 +1007,7 @@ def model_check(
         "measured_attainment": measured_attainment
         if measured_attainment is not None
         else measure(requests.select(ok), slo).attainment,
+        "attainment_requests": float(ok.sum()),
     }
     for q in (50, 90):
         out[f"predicted_ttft_p{q}_s"] = float(np.percentile(result.ttft_s, q))

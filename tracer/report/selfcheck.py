@@ -11,7 +11,8 @@ Not every miss can change the answer. `judge` sorts them:
 - a quantile miss matters when the span from its predicted to its measured value reaches within
   NEAR_SLO_SHARE..1/NEAR_SLO_SHARE of its SLO (at least half the objective, at most twice it, or straddling
   it); a miss far below the objective (or far above it) moves no request across it;
-- an attainment miss (predicted vs measured share of requests meeting both SLOs) always matters;
+- an attainment miss (predicted vs measured share of requests meeting both SLOs, by more than
+  ATTAINMENT_TOLERANCE and outside what the number of requests resolves) always matters;
 - a step fit under the floor always matters and refuses the answer outright: its costs explain too little
   of the data for any correction to stand on.
 
@@ -40,6 +41,10 @@ NEAR_SLO_SHARE = 0.5
 # Predicted and measured attainment at the observed rate may differ by this much (a share of requests):
 # about what 200 requests' sampling noise allows at a 90% target.
 ATTAINMENT_TOLERANCE = 0.10
+# Fewer requests resolve less: a predicted attainment inside the 95% Wilson score interval of the measured
+# share (over `attainment_requests` requests) is no miss, whatever the points. Six requests meeting the
+# objective four times cannot tell 67% from 85% (a slow-link phase of a test run here was refused so).
+WILSON_Z = 1.96
 # A correction beyond this factor is not a model that is a little off but one that is wrong: clip it.
 MAX_CORRECTION = 4.0
 
@@ -191,10 +196,27 @@ def _attainment_miss(check: dict[str, float]) -> str | None:
         return None
     if abs(predicted - measured) <= ATTAINMENT_TOLERANCE:
         return None
+    requests = check.get("attainment_requests")
+    if requests is not None and requests >= 1:
+        low, high = wilson_interval(measured, int(requests))
+        if low <= predicted <= high:
+            return None
+        resolution = f", outside {low:.0%}-{high:.0%}, what {int(requests)} requests resolve"
+    else:
+        resolution = ""
     return (
         f"model check misses SLO attainment at the observed rate: predicted {predicted:.1%} vs measured {measured:.1%} "
-        f"of requests within both SLOs (tolerance {ATTAINMENT_TOLERANCE * 100:g} points)"
+        f"of requests within both SLOs (tolerance {ATTAINMENT_TOLERANCE * 100:g} points{resolution})"
     )
+
+
+def wilson_interval(share: float, count: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval of a share observed over `count` trials (two-sided, `z` standard errors):
+    unlike share +- z*SE it keeps its width at 0% and 100% and stays inside [0, 1]."""
+    denominator = 1.0 + z * z / count
+    centre = (share + z * z / (2 * count)) / denominator
+    half = z / denominator * math.sqrt(share * (1.0 - share) / count + z * z / (4 * count * count))
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def _fit_miss(step_r2: float | None) -> str | None:
