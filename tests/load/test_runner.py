@@ -21,7 +21,7 @@ from tracer.load import (
     run_load,
     run_load_sync,
 )
-from tracer.load.client import CANCELLED, OK, SKIPPED
+from tracer.load.client import CANCELLED, OK, SKIPPED, new_traceparent
 
 TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-01$")
 # How far a server-side receive time may stray from the schedule on a 2-core test machine with one core
@@ -279,3 +279,14 @@ def test_a_text_seed_replays_the_same_schedule_with_text_no_prefix_cache_has_see
     assert same_text == base_text
     assert [len(t) for t in fresh_text] == [len(t) for t in base_text]
     assert not set(fresh_text) & set(base_text)
+
+
+def test_the_traceparent_reads_back_through_the_opentelemetry_propagator() -> None:
+    # An independent reader of W3C trace context: what the server's SDK (or any collector) extracts.
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    trace_id, headers = new_traceparent()
+    span_context = trace.get_current_span(TraceContextTextMapPropagator().extract(headers)).get_span_context()
+    assert span_context.is_valid and span_context.trace_flags.sampled
+    assert format(span_context.trace_id, "032x") == trace_id

@@ -19,10 +19,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 from aiohttp.http_exceptions import HttpProcessingError
-from opentelemetry import trace
-from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from tracer.context import TraceContext, new_span_id, new_trace_id
 from tracer.load.workload import PlannedRequest
 
 # Error kinds (the values of RequestMeasurement.error_kind).
@@ -104,17 +102,10 @@ class _StreamError(Exception):
 
 
 def new_traceparent() -> tuple[str, dict[str, str]]:
-    """A fresh sampled W3C trace context: (trace id as 32 hex digits, headers carrying `traceparent`)."""
-    ids = RandomIdGenerator()
-    span_context = trace.SpanContext(
-        trace_id=ids.generate_trace_id(),
-        span_id=ids.generate_span_id(),
-        is_remote=False,
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
-    )
-    headers: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(headers, trace.set_span_in_context(trace.NonRecordingSpan(span_context)))
-    return trace.format_trace_id(span_context.trace_id), headers
+    """A fresh sampled W3C trace context: (trace id as 32 hex digits, headers carrying `traceparent`).
+    The request's parent is a span the client never exports: the server's root span hangs under it."""
+    context = TraceContext(new_trace_id(), new_span_id())
+    return f"{context.trace_id:032x}", {"traceparent": context.traceparent()}
 
 
 class CompletionClient:
