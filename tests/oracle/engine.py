@@ -13,7 +13,10 @@ runs engine iterations one after another; in every iteration each running reques
   an iteration, when the first token is sent.
 
 Iteration time is physics (`Physics.iteration_s`), optionally slowed by a periodic throttle that no cost
-model sees (the self-check test). Requests are routed round-robin. Blocking, pure Python; seconds.
+model sees (the self-check test). An iteration is planned at its start: a prompt arriving, or a KV cache
+landing, while one runs joins the next. Requests are routed round-robin, or as the reference router does
+(`Deployment.router`: least outstanding, every worker of the deployment run side by side in time order).
+Blocking, pure Python; seconds.
 """
 
 from __future__ import annotations
@@ -68,6 +71,9 @@ class Deployment:
     budget_tokens: int = 0
     max_running: int = 256
     max_prefill_tokens: int = 8192  # whole prompts batched into one iteration (at least one)
+    # round-robin in arrival order (a split's decode workers: in KV-ready order), or least-outstanding:
+    # the reference router's fewest requests in flight (a prefill pool: fewest prompt tokens in flight).
+    router: str = "round-robin"
 
     @property
     def gpus(self) -> int:
@@ -161,110 +167,226 @@ def serve(
     ]
     by_arrival = sorted(requests, key=lambda r: r.arrival_s)
     iterations: list[Iteration] | None = [] if record else None
+
+    def engines(role: str, pool: str, count: int) -> list[_Engine]:
+        return [_Engine(role, pool, w, deployment, physics, rng, noise_sigma, iterations) for w in range(count)]
+
     if deployment.kind in ("colocated", "chunked"):
-        inboxes = [[] for _ in range(deployment.workers)]
-        for turn, request in enumerate(by_arrival):
-            request.prefill_worker = request.decode_worker = turn % deployment.workers
-            inboxes[turn % deployment.workers].append((request.arrival_s, request))
-        for worker, inbox in enumerate(inboxes):
-            _worker(deployment.kind, "colocated", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
+        pool = engines(deployment.kind, "colocated", deployment.workers)
+        if deployment.router == "least-outstanding":
+            _serve_least_outstanding(by_arrival, pool, [], physics, rng, noise_sigma)
+        else:
+            for turn, request in enumerate(by_arrival):
+                request.prefill_worker = request.decode_worker = turn % deployment.workers
+                pool[request.prefill_worker].give(request.arrival_s, request)
+            for engine in pool:
+                engine.run_out()
         return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
 
-    inboxes = [[] for _ in range(deployment.prefill_workers)]
+    prefill = engines("prefill", "prefill", deployment.prefill_workers)
+    decode = engines("decode", "decode", deployment.decode_workers)
+    if deployment.router == "least-outstanding":
+        _serve_least_outstanding(by_arrival, prefill, decode, physics, rng, noise_sigma)
+        return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
     for turn, request in enumerate(by_arrival):
         request.prefill_worker = turn % deployment.prefill_workers
-        inboxes[request.prefill_worker].append((request.arrival_s, request))
-    for worker, inbox in enumerate(inboxes):
-        _worker("prefill", "prefill", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
-        link_free_s = 0.0
-        for request in sorted((r for _, r in inbox), key=lambda r: r.prefill_end_s):
-            request.transfer_start_s = max(request.prefill_end_s, link_free_s)
-            wire_s = physics.transfer_s(request.prompt_tokens) - physics.link_latency_s
-            if noise_sigma > 0:
-                wire_s *= float(rng.lognormal(0.0, noise_sigma))
-            link_free_s = request.transfer_start_s + wire_s
-            request.transfer_end_s = link_free_s + physics.link_latency_s
+        prefill[request.prefill_worker].give(request.arrival_s, request)
+    for engine in prefill:
+        engine.run_out()
+        link = _Link()
+        for request in sorted(
+            (r for r in requests if r.prefill_worker == engine.worker), key=lambda r: r.prefill_end_s
+        ):
+            link.send(request, physics, rng, noise_sigma)
     ready = sorted(requests, key=lambda r: r.transfer_end_s)
-    inboxes = [[] for _ in range(deployment.decode_workers)]
     for turn, request in enumerate(ready):
         request.decode_worker = turn % deployment.decode_workers
-        inboxes[request.decode_worker].append((request.transfer_end_s, request))
-    for worker, inbox in enumerate(inboxes):
-        _worker("decode", "decode", worker, inbox, deployment, physics, rng, noise_sigma, iterations)
+        decode[request.decode_worker].give(request.transfer_end_s, request)
+    for engine in decode:
+        engine.run_out()
     return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
 
 
-def _worker(
-    role: str,
-    pool: str,
-    worker: int,
-    inbox: list[tuple[float, Request]],
-    deployment: Deployment,
+@dataclass
+class _Link:
+    """One prefill worker's NIC: one KV transfer at a time, in the order the prefills ended."""
+
+    free_s: float = 0.0
+
+    def send(self, request: Request, physics: Physics, rng: np.random.Generator, noise_sigma: float) -> None:
+        request.transfer_start_s = max(request.prefill_end_s, self.free_s)
+        wire_s = physics.transfer_s(request.prompt_tokens) - physics.link_latency_s
+        if noise_sigma > 0:
+            wire_s *= float(rng.lognormal(0.0, noise_sigma))
+        self.free_s = request.transfer_start_s + wire_s
+        request.transfer_end_s = self.free_s + physics.link_latency_s
+
+
+def _in_flight(assigned: list[Request], now_s: float, done_s) -> int:
+    """How many of `assigned` have not finished by `now_s`; `done_s(request)` is when it finished (-1: not yet known)."""
+    return sum(1 for r in assigned if not 0 <= done_s(r) <= now_s)
+
+
+def _serve_least_outstanding(
+    by_arrival: list[Request],
+    first: list[_Engine],
+    decode: list[_Engine],
     physics: Physics,
     rng: np.random.Generator,
     noise_sigma: float,
-    iterations: list[Iteration] | None,
 ) -> None:
-    """One worker's iterations until its inbox is served. role: colocated | chunked | prefill | decode.
+    """The reference router's placement, every pool's workers running side by side in time order.
+
+    At each arrival the router counts what it has in flight per worker: requests on a colocated or decode
+    worker until their last token, prompt tokens on a prefill worker until its KV is sent. A request goes
+    to the least loaded (ties: the first worker); a split picks both workers at arrival. An iteration is
+    decided at its start, so every iteration that starts before the arrival runs first; one starting at or
+    after it may take the new request."""
+    split = bool(decode)
+    links = [_Link() for _ in first]
+    assigned: dict[tuple[str, int], list[Request]] = {}
+    everyone = first + decode
+
+    def run_before(until_s: float) -> None:
+        while True:
+            starts = [(e.next_start_s(), i) for i, e in enumerate(everyone)]
+            start, i = min(((s, i) for s, i in starts if s is not None), default=(None, -1))
+            if start is None or start >= until_s:
+                return
+            engine = everyone[i]
+            for request in engine.iterate():  # prompts whose prefill ended in this iteration
+                if split:
+                    links[engine.worker].send(request, physics, rng, noise_sigma)
+                    decode[request.decode_worker].give(request.transfer_end_s, request)
+
+    for request in by_arrival:
+        now = request.arrival_s
+        run_before(now)
+        if split:
+            tokens = [
+                sum(r.prompt_tokens for r in assigned.get(("p", w), []) if not 0 <= r.transfer_end_s <= now)
+                for w in range(len(first))
+            ]
+            counts = [
+                _in_flight(assigned.get(("p", w), []), now, lambda r: r.transfer_end_s) for w in range(len(first))
+            ]
+            p = min(range(len(first)), key=lambda w: (tokens[w], counts[w]))
+            d_counts = [_in_flight(assigned.get(("d", w), []), now, lambda r: r.end_s) for w in range(len(decode))]
+            d = min(range(len(decode)), key=lambda w: d_counts[w])
+            request.prefill_worker, request.decode_worker = p, d
+            assigned.setdefault(("p", p), []).append(request)
+            assigned.setdefault(("d", d), []).append(request)
+        else:
+            counts = [_in_flight(assigned.get(("c", w), []), now, lambda r: r.end_s) for w in range(len(first))]
+            w = min(range(len(first)), key=lambda w: counts[w])
+            request.prefill_worker = request.decode_worker = w
+            assigned.setdefault(("c", w), []).append(request)
+        first[request.prefill_worker].give(now, request)
+    run_before(float("inf"))
+
+
+class _Engine:
+    """One worker's iterations, one at a time. role: colocated | chunked | prefill | decode.
 
     Every running request emits one token per iteration, at the iteration's end; a request records the
     iterations it ran in (its token times are those iterations' ends), so an iteration costs O(1) plus
-    its joins and leaves, not O(batch)."""
-    inbox = deque(inbox)
-    waiting: deque[Request] = deque()  # prompts to prefill, or (decode) KV caches to admit
-    leaving: list[tuple[int, int, Request]] = []  # (iteration of its last token, index, request)
-    ends: list[float] = []  # this worker's iteration end times
-    running = 0
-    context = 0  # tokens the running requests attend over
-    now = 0.0
-    while inbox or waiting or running:
-        if not waiting and not running and inbox[0][0] > now:
-            now = inbox[0][0]
-        while inbox and inbox[0][0] <= now:
-            waiting.append(inbox.popleft()[1])
-        here = len(ends)  # index of the iteration being planned
-        if role == "decode":
-            admitted, admitted_context = _admit_decode(waiting, running, deployment, now, here, leaving)
-            running += admitted
-            context += admitted_context
+    its joins and leaves, not O(batch). A request handed over (`give`) while an iteration runs waits for
+    the next one: an iteration is planned at its start."""
+
+    def __init__(
+        self,
+        role: str,
+        pool: str,
+        worker: int,
+        deployment: Deployment,
+        physics: Physics,
+        rng: np.random.Generator,
+        noise_sigma: float,
+        iterations: list[Iteration] | None,
+    ) -> None:
+        self.role, self.pool, self.worker, self.deployment = role, pool, worker, deployment
+        self.physics, self.rng, self.noise_sigma, self.iterations = physics, rng, noise_sigma, iterations
+        self.inbox: list[tuple[float, int, Request]] = []  # (when it can join, index, request), a heap
+        self.waiting: deque[Request] = deque()  # prompts to prefill, or (decode) KV caches to admit
+        self.leaving: list[tuple[int, int, Request]] = []  # (iteration of its last token, index, request)
+        self.ends: list[float] = []  # this worker's iteration end times
+        self.running = 0
+        self.context = 0  # tokens the running requests attend over
+        self.now = 0.0
+
+    def give(self, ready_s: float, request: Request) -> None:
+        heapq.heappush(self.inbox, (ready_s, request.index, request))
+
+    def next_start_s(self) -> float | None:
+        """When its next iteration would start (None: nothing to do until something is given)."""
+        if self.waiting or self.running:
+            return self.now
+        return max(self.now, self.inbox[0][0]) if self.inbox else None
+
+    def run_out(self) -> None:
+        """Iterate until everything given is served."""
+        while self.next_start_s() is not None:
+            self.iterate()
+
+    def iterate(self) -> list[Request]:
+        """Plan and run the next iteration; returns the prompts whose prefill ended in it."""
+        start = self.next_start_s()
+        assert start is not None
+        self.now = now = start
+        while self.inbox and self.inbox[0][0] <= now:
+            self.waiting.append(heapq.heappop(self.inbox)[2])
+        here = len(self.ends)  # index of the iteration being planned
+        if self.role == "decode":
+            admitted, admitted_context = _admit_decode(
+                self.waiting, self.running, self.deployment, now, here, self.leaving
+            )
+            self.running += admitted
+            self.context += admitted_context
             joined: list[Request] = []
             prefill_tokens = attention = 0
-        elif role == "chunked":
-            joined, prefill_tokens, attention = _plan_chunks(waiting, running, deployment, now)
+        elif self.role == "chunked":
+            joined, prefill_tokens, attention = _plan_chunks(self.waiting, self.running, self.deployment, now)
         else:  # whole prompts
-            joined, prefill_tokens, attention = _plan_whole_prompts(waiting, running, deployment, now)
-        if not running and not prefill_tokens:  # nothing to run until the next arrival
-            if not inbox:
-                break
-            now = max(now, inbox[0][0])
-            continue
-        seconds = physics.iteration_s(now, running, context, prefill_tokens, attention)
-        if noise_sigma > 0:
-            seconds *= float(rng.lognormal(0.0, noise_sigma))
+            joined, prefill_tokens, attention = _plan_whole_prompts(self.waiting, self.running, self.deployment, now)
+        if not self.running and not prefill_tokens:  # nothing to run until the next arrival
+            if self.inbox:
+                self.now = max(now, self.inbox[0][0])
+            return []
+        seconds = self.physics.iteration_s(now, self.running, self.context, prefill_tokens, attention)
+        if self.noise_sigma > 0:
+            seconds *= float(self.rng.lognormal(0.0, self.noise_sigma))
         end = now + seconds
-        if iterations is not None:
-            iterations.append(Iteration(pool, worker, now, end, running, context, prefill_tokens, attention))
-        ends.append(end)
-        context += running  # each running request's new token joins its context
-        while leaving and leaving[0][0] == here:
-            request = heapq.heappop(leaving)[2]
-            running -= 1
-            context -= request.prompt_tokens + request.output_tokens
+        if self.iterations is not None:
+            self.iterations.append(
+                Iteration(self.pool, self.worker, now, end, self.running, self.context, prefill_tokens, attention)
+            )
+        self.ends.append(end)
+        self._finish_iteration(here, end, joined)
+        self.now = end
+        return joined
+
+    def _finish_iteration(self, here: int, end: float, joined: list[Request]) -> None:
+        """Tokens of iteration `here` (ending at `end`): requests at their last token leave, prompts that
+        finished start decoding from the next iteration (not on a prefill worker)."""
+        self.context += self.running  # each running request's new token joins its context
+        while self.leaving and self.leaving[0][0] == here:
+            request = heapq.heappop(self.leaving)[2]
+            self.running -= 1
+            self.context -= request.prompt_tokens + request.output_tokens
             request.end_s = end
-            request.token_s = ends[request.first_iteration : here + 1]
+            request.token_s = self.ends[request.first_iteration : here + 1]
         for request in joined:
             request.prefill_end_s = end
-            if role == "prefill":
+            if self.role == "prefill":
                 continue
             request.first_token_s = end
             if request.output_tokens > 1:
                 request.decode_start_s = end
-                _start_decoding(request, here + 1, leaving)
-                running += 1
-                context += request.prompt_tokens + 1
+                _start_decoding(request, here + 1, self.leaving)
+                self.running += 1
+                self.context += request.prompt_tokens + 1
             else:
                 request.end_s = end
-        now = end
 
 
 def _admit_decode(

@@ -8,7 +8,7 @@ import pytest
 
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
-from tracer.report.synthetic import Scenario, scenario, write_traces
+from tracer.report.synthetic import SYNTHETIC_ROUTER, Scenario, scenario, write_traces
 
 N_REQUESTS = 200  # small: every report test must stay quick on two cores
 
@@ -22,6 +22,7 @@ def quick_options(sc: Scenario, **overrides) -> ReportOptions:
         sim_max_requests=5000,
         sim_duration_s=20.0,
         confidence_resamples=0,  # the bootstrap has its own tests (test_confidence.py)
+        router=SYNTHETIC_ROUTER,  # how the synthetic deployments route: an operator knows their router
     )
     values.update(overrides)
     return ReportOptions(**values)
@@ -57,6 +58,8 @@ def oracle_options(seen, **overrides) -> ReportOptions:
         sim_max_requests=1000,
         sim_duration_s=10.0,
         confidence_resamples=0,
+        # How the oracle's deployment routes: an operator knows their router.
+        router=case.current.router,
     )
     values.update(overrides)
     return ReportOptions(**values)

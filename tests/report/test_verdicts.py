@@ -13,7 +13,7 @@ import pytest
 from tracer.report.build import build_report
 from tracer.report.goodput import search_goodput
 from tracer.report.simulate import SLO, EngineParams, Layout
-from tracer.report.synthetic import scenario, write_traces
+from tracer.report.synthetic import SYNTHETIC_ROUTER, scenario, write_traces
 
 from .conftest import quick_options
 
@@ -36,6 +36,7 @@ def _oracle_best_ratio(sc, gpus: int = 4) -> str:
             start_rate_per_s=sc.workload.rate_per_s,
             min_requests=100,
             duration_s=20.0,
+            params=EngineParams(router=SYNTHETIC_ROUTER),
         )
         for p in range(1, gpus)
     ]
@@ -129,7 +130,7 @@ def test_max_batch_bounds_goodput_at_what_a_capped_engine_serves(tmp_path):
     """An engine that runs at most 4 requests per worker serves far less than the same costs uncapped: the
     report told the cap matches the oracle under the true costs and cap, and without it overestimates."""
     sc = scenario("chatty", n_requests=200)
-    capped = EngineParams(max_running_requests=4)
+    capped = EngineParams(max_running_requests=4, router=SYNTHETIC_ROUTER)
     path = tmp_path / "capped.jsonl"
     write_traces(path, sc.layout, sc.workload, sc.costs, noise_sigma=0.05, seed=7, params=capped)
     told = build_report([path], quick_options(sc, max_batch=4))

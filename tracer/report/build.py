@@ -41,7 +41,17 @@ from tracer.report.metrics_file import (
     metrics_sources,
     read_metrics_file,
 )
-from tracer.report.simulate import SLO, Costs, EngineParams, Layout, StepCosts, TransferCosts, Workload, simulate
+from tracer.report.simulate import (
+    ROUTERS,
+    SLO,
+    Costs,
+    EngineParams,
+    Layout,
+    StepCosts,
+    TransferCosts,
+    Workload,
+    simulate,
+)
 from tracer.report.tables import RequestTable, TraceData, load_traces
 from tracer.vocabulary import Verdict
 
@@ -50,6 +60,12 @@ DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
+_ROUTER_WORDS = {
+    "least-outstanding": "to the worker with the fewest requests in flight (a prefill pool: fewest prompt tokens), "
+    "as the reference router does",
+    "round-robin": "round-robin in arrival order (a split's decode workers in KV-ready order)",
+    "session": "by session (rendezvous hashing; the traces carry no session, so each request is its own)",
+}
 DEFAULT_MAX_PREFILL_TOKENS_PER_STEP = EngineParams().max_prefill_tokens_per_step
 
 
@@ -81,6 +97,9 @@ class ReportOptions:
     metrics_file: str | None = None
     # Bootstrap re-runs behind `confidence` (confidence.py); 0 skips it (confidence then null).
     confidence_resamples: int = MIN_RESAMPLES
+    # How the simulated router places requests on a pool's workers (simulate.ROUTERS): the reference
+    # router's least-outstanding by default; traces carry no signal of the policy, so it is never inferred.
+    router: str = "least-outstanding"
 
     def __post_init__(self) -> None:
         if self.gpus is not None and self.gpus < 1:
@@ -93,6 +112,8 @@ class ReportOptions:
             raise ValueError("--max-batch must be at least 1")
         if self.max_prefill_tokens_per_step < 1:
             raise ValueError("max_prefill_tokens_per_step must be at least 1")
+        if self.router not in ROUTERS:
+            raise ValueError(f"--router must be one of {', '.join(ROUTERS)}")
         if self.margin < 0:
             raise ValueError("margin must not be negative")
         if self.confidence_resamples and self.confidence_resamples < MIN_RESAMPLES:
@@ -290,10 +311,13 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         )
     costs = Costs(step_fit.costs, found.transfer, frontend_s)
     params = EngineParams(
-        max_running_requests=options.max_batch, max_prefill_tokens_per_step=options.max_prefill_tokens_per_step
+        max_running_requests=options.max_batch,
+        max_prefill_tokens_per_step=options.max_prefill_tokens_per_step,
+        router=options.router,
     )
     budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
     run = _Run.of(found, costs, params, budgets)
+    found.assumptions += _extrapolation_lines(step_fit, run.windows)
     found.evidence += _evidence(
         found.measured, step_fit, found.prefill_fit, found.transfer_fit, run.network, current, run.final, run.windows
     )
@@ -351,6 +375,31 @@ class _Run:
 
     def fields(self) -> dict[str, Any]:
         return dict(goodput=self.goodput, network=self.network, windows=self.windows)
+
+
+def _extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[str]:
+    """What the goodput runs simulated past the largest batch and context the step fit saw: stated, with
+    how the step cost is extended there (an assumption: nothing measured it)."""
+    ran = [r.at_rate for w in windows for r in w.results if r.at_rate is not None]
+    if not ran or step_fit.max_batch_seen <= 0:
+        return []
+    lines = []
+    batch = max(result.max_batch for result in ran)
+    if batch > step_fit.max_batch_seen:
+        c = step_fit.costs
+        lines.append(
+            f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): each request "
+            f"past it is priced at {c.decode_s_per_request_beyond * 1e3:.3g} ms, the marginal cost measured at the "
+            f"largest batches (fitted slope {c.decode_s_per_request * 1e3:.3g} ms), never below it; EXTRAPOLATED, "
+            "and the bootstrap re-measures that slope"
+        )
+    context = max(result.max_context_tokens for result in ran)
+    if context > step_fit.max_context_seen:
+        lines.append(
+            f"batch context up to {context} tokens simulated, past the largest fitted ({step_fit.max_context_seen}): "
+            "the per-token context cost is EXTRAPOLATED linearly"
+        )
+    return lines
 
 
 def _served_attainment(found: _Findings, requests: RequestTable) -> float | None:
@@ -551,7 +600,7 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs"
     )
     assumptions.append(
-        f"requests are routed round-robin; each simulation replays {options.sim_duration_s:g} s of arrivals "
+        f"requests are routed {_ROUTER_WORDS[options.router]} (--router); each simulation replays {options.sim_duration_s:g} s of arrivals "
         f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones"
     )
     assumptions.append(
@@ -1039,6 +1088,11 @@ def _fits_dict(
             "decode_s_per_request": c.decode_s_per_request,
             "prefill_s_per_token": c.prefill_s_per_token,
             "prefill_s_per_token2": c.prefill_s_per_token2,
+            # The largest decode batch and batch context of a fitted step (0: not known, estimated fits);
+            # past `max_batch_seen` each request costs `decode_s_per_request_beyond`.
+            "max_batch_seen": step_fit.max_batch_seen,
+            "max_context_seen": step_fit.max_context_seen,
+            "decode_s_per_request_beyond": c.decode_s_per_request_beyond if c.max_batch_seen > 0 else None,
         }
         fits["interference_factor"] = step_fit.interference_factor
     if prefill_fit is not None:

@@ -79,6 +79,13 @@ from tracer.cli_options import Duration
     show_default=True,
     help="Bootstrap re-runs behind the confidence figure (at least 20; 0 skips it).",
 )
+@click.option(
+    "--router",
+    type=click.Choice(["least-outstanding", "round-robin", "session"]),
+    default="least-outstanding",
+    show_default=True,
+    help="How the simulated router places requests on a pool's workers (the reference router: least-outstanding).",
+)
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 def report_command(
@@ -99,6 +106,7 @@ def report_command(
     skip_bad,
     sim_requests,
     confidence_resamples,
+    router,
     fmt,
     output,
 ) -> None:  # type: ignore[no-untyped-def]
@@ -130,6 +138,7 @@ def report_command(
             extra_evidence=extra,
             metrics_file=metrics_file,
             confidence_resamples=confidence_resamples,
+            router=router,
         )
         report = build_report(list(traces), options)
     except (TraceFileError, TraceDataError, PrometheusError, ValueError) as exc:

@@ -73,17 +73,53 @@ class StepFit:
     target: np.ndarray | None = field(default=None, repr=False)
     terms: tuple[str, ...] = ()
     weights: np.ndarray | None = field(default=None, repr=False)  # steps each row stands for; None: 1 each
+    # The largest decode batch (requests) and context (tokens sum over the batch) of any fitted step: past
+    # them the simulation extrapolates (the report says so). 0: not known (estimated fits).
+    max_batch_seen: int = 0
+    max_context_seen: int = 0
 
     def resampled(self, rng: np.random.Generator) -> StepCosts:
-        """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap)."""
+        """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap),
+        the slope past the largest batch seen re-measured on the same draw (so the bootstrap's spread
+        covers the extrapolation too)."""
         if self.design is None or self.target is None or not self.terms:
             return self.costs
         fitted = self.design @ np.array([getattr(self.costs, term) for term in self.terms])
         residuals = self.target - fitted
         # A residual stands for as many steps as its row: draw it that much more often.
         p = None if self.weights is None else self.weights / self.weights.sum()
-        refit = fit_nonnegative(self.design, fitted + rng.choice(residuals, len(residuals), p=p), self.weights)
-        return replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
+        target = fitted + rng.choice(residuals, len(residuals), p=p)
+        refit = fit_nonnegative(self.design, target, self.weights)
+        costs = replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
+        if costs.max_batch_seen <= 0:
+            return costs
+        return replace(costs, decode_s_per_request_beyond=beyond_slope_s(self.design, target, self.weights, costs))
+
+
+# The slope past the largest batch seen is measured on steps in the top part of the batch range: at least
+# this many of them, over at least two distinct batch sizes, else the fitted slope is all there is.
+_MIN_TOP_STEPS = 8
+_TOP_SHARE = 0.5  # steps whose batch is at least this share of the largest
+
+
+def beyond_slope_s(design: np.ndarray, target: np.ndarray, weights: np.ndarray | None, costs: StepCosts) -> float:
+    """Seconds per extra request at the largest observed batches, never below the fitted slope.
+
+    `design` has `fit_steps`' columns (1, context, batch, prefill tokens, attention) and `target` the step
+    cycle times (seconds). What the other terms leave of each step is regressed on its batch (with an
+    intercept) over the steps in the top half of the batch range: the marginal cost where the batch was
+    largest, which is where a compute-bound knee would show."""
+    batch = design[:, 2]
+    largest = float(batch.max()) if len(batch) else 0.0
+    top = batch >= max(1.0, np.ceil(_TOP_SHARE * largest))
+    if top.sum() < _MIN_TOP_STEPS or len(np.unique(batch[top])) < 2:
+        return costs.decode_s_per_request
+    others = costs.context_s_per_token * design[:, 1] + costs.prefill_s_per_token * design[:, 3]
+    left = target - others - costs.prefill_s_per_token2 * design[:, 4]
+    root_w = np.ones(int(top.sum())) if weights is None else np.sqrt(weights[top])
+    local = np.column_stack([np.ones(int(top.sum())), batch[top]]) * root_w[:, None]
+    (_, slope), *_ = np.linalg.lstsq(local, left[top] * root_w, rcond=None)
+    return max(costs.decode_s_per_request, float(slope))
 
 
 # A step that starts within this long after its predecessor ended follows it back to back (the worker
@@ -146,6 +182,11 @@ def fit_steps(steps: StepTable) -> StepFit:
     weights = steps.weight.astype(float)
     fit = fit_nonnegative(features, cycle_s, weights)
     costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
+    max_batch = int(steps.decode_requests.max()) if len(steps) else 0
+    if max_batch > 0:
+        row_weights = weights if steps.sampled else None
+        beyond = beyond_slope_s(features, cycle_s, row_weights, costs)
+        costs = replace(costs, max_batch_seen=max_batch, decode_s_per_request_beyond=beyond)
     mixed = (steps.prefill_tokens > 0) & (steps.decode_requests > 0)
     factor = None
     if mixed.any():
@@ -173,6 +214,8 @@ def fit_steps(steps: StepTable) -> StepFit:
         cycle_s,
         _STEP_TERMS,
         weights if steps.sampled else None,
+        max_batch,
+        int(steps.context_tokens.max()) if len(steps) else 0,
     )
 
 

@@ -21,12 +21,18 @@ Pure computation; no I/O, no threads. Times are seconds from the start of the wo
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 MODES = ("colocated", "chunked", "disaggregated")
+# How requests are placed on a pool's workers (`EngineParams.router`): least-outstanding is the reference
+# router's (fewest requests in flight; a prefill pool: fewest prompt tokens in flight), round-robin in
+# arrival order, session is rendezvous hashing of the request's session (the reference router's `user`
+# stickiness; a split's decode worker stays least-outstanding there, as in the reference router).
+ROUTERS = ("least-outstanding", "round-robin", "session")
 ITL_STATS = ("p99", "max", "mean")
 
 
@@ -42,6 +48,12 @@ class StepCosts:
     tokens costs minus what prefilling c costs, and a prompt's chunks add up to its whole prefill. A
     prefill-only step of one prompt is DistServe's `a + b*L + c*L^2`; a decode-only step is
     `a + b*sum(context) + c*batch`. The interference of a mixed step is its prefill part over its decode part.
+
+    Past the largest batch the fit saw (`max_batch_seen`, requests; 0: no limit known), each further request
+    costs `decode_s_per_request_beyond` (never less than `decode_s_per_request`): an accelerator is
+    memory-bound at small batch (a step costs nearly the same whatever the batch) and compute-bound past a
+    knee, so a slope fitted mostly on small batches would extrapolate too cheap. The beyond slope is the
+    one measured at the largest observed batches, the steepest the evidence shows.
     """
 
     base_s: float
@@ -49,6 +61,15 @@ class StepCosts:
     decode_s_per_request: float
     prefill_s_per_token: float
     prefill_s_per_token2: float = 0.0
+    max_batch_seen: float = 0.0  # requests (a count; a float so every field takes a fitted coefficient)
+    decode_s_per_request_beyond: float = 0.0
+
+    @property
+    def beyond_extra_s(self) -> float:
+        """Seconds each request past `max_batch_seen` adds over the fitted slope (0: no knee)."""
+        if self.max_batch_seen <= 0:
+            return 0.0
+        return max(0.0, self.decode_s_per_request_beyond - self.decode_s_per_request)
 
     def step_s(
         self,
@@ -60,7 +81,8 @@ class StepCosts:
         """Seconds; `prefill_attention_tokens2` defaults to one prompt's whole prefill (P^2)."""
         attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
         return (
-            self.base_s
+            self.beyond_extra_s * max(0.0, decode_requests - self.max_batch_seen)
+            + self.base_s
             + self.context_s_per_token * context_tokens
             + self.decode_s_per_request * decode_requests
             + self.prefill_s_per_token * prefill_tokens
@@ -106,6 +128,11 @@ class EngineParams:
     max_running_requests: int = 256
     # Whole prefills batched into one colocated or prefill-only step (at least one prompt always joins).
     max_prefill_tokens_per_step: int = 8192
+    router: str = "least-outstanding"  # one of ROUTERS
+
+    def __post_init__(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"unknown router {self.router!r}; expected one of {ROUTERS}")
 
 
 @dataclass(frozen=True)
@@ -154,11 +181,18 @@ class Workload:
     prompt_tokens: np.ndarray
     cached_tokens: np.ndarray
     output_tokens: np.ndarray  # including the first token, which the prefill produces
+    # Session (user) of each request, for session-sticky routing; None: every request its own session.
+    session: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.arrival_s)
         if not (len(self.prompt_tokens) == len(self.cached_tokens) == len(self.output_tokens) == n):
             raise ValueError("workload arrays must have equal lengths")
+        if self.session is not None and len(self.session) != n:
+            raise ValueError("workload arrays must have equal lengths")
+
+    def _sessions(self, picks: np.ndarray | slice) -> np.ndarray | None:
+        return None if self.session is None else self.session[picks]
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -170,7 +204,13 @@ class Workload:
 
     def head(self, n: int) -> Workload:
         """The first `n` requests."""
-        return Workload(self.arrival_s[:n], self.prompt_tokens[:n], self.cached_tokens[:n], self.output_tokens[:n])
+        return Workload(
+            self.arrival_s[:n],
+            self.prompt_tokens[:n],
+            self.cached_tokens[:n],
+            self.output_tokens[:n],
+            self._sessions(slice(n)),
+        )
 
     def scaled_to_rate(self, rate_per_s: float) -> Workload:
         """The same requests and arrival pattern, with times stretched to a mean rate of `rate_per_s`."""
@@ -179,7 +219,7 @@ class Workload:
             raise ValueError("cannot rescale a workload without a positive rate")
         start = self.arrival_s[0]
         arrivals = (self.arrival_s - start) * (current / rate_per_s)
-        return Workload(arrivals, self.prompt_tokens, self.cached_tokens, self.output_tokens)
+        return Workload(arrivals, self.prompt_tokens, self.cached_tokens, self.output_tokens, self.session)
 
     def resample(self, n_requests: int, seed: int) -> Workload:
         """`n_requests` drawn with replacement: lengths jointly, inter-arrival gaps independently (bootstrap).
@@ -195,7 +235,8 @@ class Workload:
         else:
             drawn = rng.exponential(1.0, n_requests)
         arrivals = np.concatenate(([0.0], np.cumsum(drawn[1:])))
-        return Workload(arrivals, self.prompt_tokens[picks], self.cached_tokens[picks], self.output_tokens[picks])
+        picked = self.prompt_tokens[picks], self.cached_tokens[picks], self.output_tokens[picks]
+        return Workload(arrivals, *picked, self._sessions(picks))
 
 
 @dataclass(frozen=True)
@@ -257,6 +298,10 @@ class SimResult:
     itl_mean_s: np.ndarray
     e2e_s: np.ndarray
     attainment: float | None = None
+    # The largest decode batch (requests) and context (tokens) any simulated step ran: past what the step
+    # fit saw, the step costs are an extrapolation.
+    max_batch: int = 0
+    max_context_tokens: int = 0
     # Recorded only with `record=True` (for synthetic traces):
     timeline: dict[str, np.ndarray] | None = None
     steps: dict[str, StepLog] | None = None  # pool -> step log
@@ -287,90 +332,153 @@ class _WorkerOut:
     step_end_s: list[float]
 
 
-def _run_worker(
-    role: str,
-    entries: list[tuple[float, int]],
-    prefill_need: np.ndarray,
-    context_at_decode: np.ndarray,
-    decode_need: np.ndarray,
-    step: StepCosts,
-    params: EngineParams,
-    chunk_budget_tokens: int,
-    noise: np.random.Generator | None,
-    noise_sigma: float,
-    log: StepLog | None,
-    worker_id: int,
-) -> _WorkerOut:
-    """Simulate one worker. `entries` are (time, request) in time order: arrivals, or KV-ready times for
-    a decode worker. role: colocated | chunked | prefill | decode."""
-    out = _WorkerOut({}, {}, {}, {}, {}, [], [])
-    step_end = out.step_end_s
-    pending = deque(entries)
-    waiting: deque[int] = deque()  # prompts not yet (fully) prefilled, FCFS
-    remaining: dict[int, int] = {}  # request -> prefill tokens still to do (chunked)
-    finish_heap: list[tuple[int, int]] = []  # (last decode step index, request)
-    joining: list[int] = []  # requests whose first decode step is the next step
-    decode_n = 0
-    context_sum = 0
-    t = 0.0
-    k = 0  # this worker's step index
-    decodes = role != "prefill"
-    max_running = params.max_running_requests
-    base, ctx_c, req_c = step.base_s, step.context_s_per_token, step.decode_s_per_request
-    pre_b, pre_c = step.prefill_s_per_token, step.prefill_s_per_token2
+_NONE: list[int] = []  # no prompt finished in this step (shared, never appended to)
 
-    while pending or waiting or decode_n or joining:
-        if not (waiting or decode_n or joining) and pending and pending[0][0] > t:
-            t = pending[0][0]
+
+class _Worker:
+    """One worker's engine loop, resumable so that a pool's workers can run side by side under a router.
+
+    `add(time_s, request)` hands it a request (an arrival, or on a decode worker a KV cache that is ready);
+    `advance(until_s)` runs every step that starts before `until_s` (`math.inf`: until it is idle), so the
+    router can read each worker's state at an arrival. A request that becomes ready while a step is in
+    flight joins at the next step boundary (the engine plans a step at its start and never changes it), so
+    its TTFT and first gap include the rest of that step, as the reference server's and vLLM's loops do.
+    role: colocated | chunked | prefill | decode. Times in seconds.
+
+    Filled in as it runs: `out` (per-request stage times and each step's start and end), `left` (time,
+    request) for every request whose last token was produced, in time order, and `prefilled` (time,
+    request) for every prompt whose prefill ended (its consumer drains it)."""
+
+    def __init__(self, run: _Run, role: str, log: StepLog | None, worker_id: int) -> None:
+        self.role, self.run, self.log, self.worker_id = role, run, log, worker_id
+        self.out = _WorkerOut({}, {}, {}, {}, {}, [], [])
+        self.pending: list[tuple[float, int]] = []  # heap of (ready time, request)
+        self.waiting: deque[int] = deque()  # prompts not yet (fully) prefilled, FCFS
+        self.remaining: dict[int, int] = {}  # request -> prefill tokens still to do (chunked)
+        self.finish_heap: list[tuple[int, int]] = []  # (last decode step index, request)
+        self.joining: list[int] = []  # requests whose first decode step is the next step
+        self.decode_n = 0
+        self.context_sum = 0
+        self.t = 0.0
+        self.k = 0  # this worker's step index
+        self.left: list[tuple[float, int]] = []
+        self.prefilled: list[tuple[float, int]] = []
+        self.max_batch = 0  # the largest decode batch any of its steps ran
+        self.max_context = 0  # the largest context (tokens) any of its steps attended over
+
+    def add(self, time_s: float, request: int) -> None:
+        heapq.heappush(self.pending, (time_s, request))
+
+    def _take_ready(self) -> None:
+        """Everything ready by the boundary `t` joins the step planned there (arrivals queue, KV caches join)."""
+        pending, t = self.pending, self.t
         while pending and pending[0][0] <= t:
-            request = pending.popleft()[1]
-            if role == "decode":
-                joining.append(request)
+            request = heapq.heappop(pending)[1]
+            if self.role == "decode":
+                self.joining.append(request)
             else:
-                waiting.append(request)
-                remaining[request] = int(prefill_need[request])
-        # Requests whose prefill just ended (or whose KV arrived) start decoding in this step.
-        if joining:
-            room = max(0, max_running - decode_n) if role == "decode" else len(joining)
-            admitted, joining = joining[:room], joining[room:]
-            context_sum += _admit(admitted, k, t, decode_need, context_at_decode, finish_heap, out)
-            decode_n += len(admitted)
-        prefill_tokens, attention = 0, 0
-        done: list[int] = []
-        if waiting:
-            room = max_running - decode_n - len(joining) if decodes else max_running
-            if role == "chunked":
-                left = chunk_budget_tokens - decode_n
-                prefill_tokens, attention, done = _chunked_prefill(waiting, remaining, prefill_need, left, room, t, out)
-            else:
-                prefill_tokens, attention, done = _whole_prefill(
-                    waiting, remaining, room, params.max_prefill_tokens_per_step, t, out
-                )
-        if not prefill_tokens and not decode_n:
-            if pending:  # nothing runnable until the next arrival
-                t = max(t, pending[0][0])
+                self.waiting.append(request)
+                self.remaining[request] = int(self.run.prefill_need[request])
+
+    def _plan_prefill(self) -> tuple[int, int, list[int]]:
+        """This step's prefill work: (tokens, attention in tokens^2, prompts it finishes)."""
+        if not self.waiting:
+            return 0, 0, []
+        params, out = self.run.params, self.out
+        max_running = params.max_running_requests
+        room = max_running - self.decode_n - len(self.joining) if self.role != "prefill" else max_running
+        if self.role == "chunked":
+            left = self.run.chunk_budget_tokens - self.decode_n
+            return _chunked_prefill(self.waiting, self.remaining, self.run.prefill_need, left, room, self.t, out)
+        return _whole_prefill(self.waiting, self.remaining, room, params.max_prefill_tokens_per_step, self.t, out)
+
+    def advance(self, until_s: float) -> None:
+        """Run every step that starts before `until_s` (seconds); stop at a boundary at or past it.
+
+        The hot loop of every simulation: state lives in locals while it runs (stored back on the way out)."""
+        pending, joining, finish_heap = self.pending, self.joining, self.finish_heap
+        decode_n, context_sum, t, k = self.decode_n, self.context_sum, self.t, self.k
+        run, out, decode_role = self.run, self.out, self.role == "decode"
+        decode_need, context_at_decode = run.decode_need, run.context_at_decode
+        max_running = run.params.max_running_requests
+        step = run.costs.step
+        base, ctx_c, req_c = step.base_s, step.context_s_per_token, step.decode_s_per_request
+        pre_b, pre_c = step.prefill_s_per_token, step.prefill_s_per_token2
+        knee, extra = step.max_batch_seen, step.beyond_extra_s
+        while pending or self.waiting or decode_n or joining:
+            if not (self.waiting or decode_n or joining) and pending[0][0] > t:
+                if pending[0][0] >= until_s:
+                    break  # idle: a request may still be routed here before its next arrival
+                t = pending[0][0]
+            if t >= until_s:
+                break
+            if pending and pending[0][0] <= t:
+                self.t = t
+                self._take_ready()
+            if joining:
+                room = max(0, max_running - decode_n) if decode_role else len(joining)
+                admitted, joining[:] = joining[:room], joining[room:]
+                context_sum += _admit(admitted, k, t, decode_need, context_at_decode, finish_heap, out)
+                decode_n += len(admitted)
+            self.decode_n, self.t = decode_n, t
+            prefill_tokens, attention, done = self._plan_prefill() if self.waiting else (0, 0, _NONE)
+            if not prefill_tokens and not decode_n:
+                if not pending:
+                    break
+                t = max(t, pending[0][0])  # nothing runnable until the next arrival
                 continue
-            break
-        duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
-        if noise is not None:
-            duration *= float(noise.lognormal(0.0, noise_sigma))
-        if log is not None:
-            log.append(worker_id, t, duration, decode_n, prefill_tokens, context_sum, attention)
-        out.step_start_s.append(t)
-        t += duration
-        step_end.append(t)
-        # Every running request gained one token; those at their last token leave.
-        context_sum += decode_n
-        while finish_heap and finish_heap[0][0] == k:
-            request = heapq.heappop(finish_heap)[1]
-            decode_n -= 1
-            context_sum -= int(context_at_decode[request]) + int(decode_need[request])
+            duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
+            if extra and decode_n > knee:
+                duration += extra * (decode_n - knee)
+            self.context_sum = context_sum
+            t = self._step(duration, prefill_tokens, attention)
+            # Every running request gained one token; those at their last token leave.
+            context_sum += decode_n
+            while finish_heap and finish_heap[0][0] == k:
+                request = heapq.heappop(finish_heap)[1]
+                decode_n -= 1
+                context_sum -= int(context_at_decode[request]) + int(decode_need[request])
+                self.left.append((t, request))
+            if done:
+                self._prefills_end(done, t)
+            k += 1
+        self.decode_n, self.context_sum, self.t, self.k = decode_n, context_sum, t, k
+
+    def _step(self, duration: float, prefill_tokens: int, attention: int) -> float:
+        """Run the planned step of `duration` seconds from `t` (noise, log, extremes); returns its end."""
+        run, t = self.run, self.t
+        if run.rng is not None:
+            duration *= float(run.rng.lognormal(0.0, run.noise_sigma))
+        if self.log is not None:
+            self.log.append(self.worker_id, t, duration, self.decode_n, prefill_tokens, self.context_sum, attention)
+        if self.decode_n > self.max_batch:
+            self.max_batch = self.decode_n
+        if self.context_sum > self.max_context:
+            self.max_context = self.context_sum
+        self.out.step_start_s.append(t)
+        self.out.step_end_s.append(t + duration)
+        return t + duration
+
+    def _prefills_end(self, done: list[int], t: float) -> None:
+        """Prompts whose prefill ended at `t`: they decode from the next step on (not on a prefill worker)."""
+        decodes, decode_need = self.role != "prefill", self.run.decode_need
         for request in done:
-            out.prefill_end_s[request] = t
+            self.out.prefill_end_s[request] = t
+            self.prefilled.append((t, request))
             if decodes and decode_need[request] > 0:
-                joining.append(request)
-        k += 1
-    return out
+                self.joining.append(request)
+            elif decodes:
+                self.left.append((t, request))  # its one token was the prefill's
+
+    def take_left(self) -> list[tuple[float, int]]:
+        """(time, request) of every request that finished since the last call, in time order."""
+        left, self.left = self.left, []
+        return left
+
+    def take_prefilled(self) -> list[tuple[float, int]]:
+        """(time, request) of every prompt whose prefill ended since the last call, in time order."""
+        prefilled, self.prefilled = self.prefilled, []
+        return prefilled
 
 
 def _admit(
@@ -526,6 +634,8 @@ def simulate(
         itl_max,
         itl_mean,
         e2e + costs.frontend_s,
+        max_batch=run.max_batch,
+        max_context_tokens=run.max_context,
     )
     if slo is not None:
         result.attainment = result.attainment_for(slo)
@@ -544,6 +654,7 @@ class _Run:
     decode_need: np.ndarray
     context_at_decode: np.ndarray
     order: np.ndarray  # requests by arrival
+    session: np.ndarray  # session-sticky routing's key per request
     costs: Costs
     params: EngineParams
     chunk_budget_tokens: int
@@ -561,6 +672,8 @@ class _Run:
     decode_span: dict[int, tuple[int, int]] = field(default_factory=dict)  # request -> (first, last) step
     decode_step_ends: dict[int, np.ndarray] = field(default_factory=dict)  # decode worker -> step end times
     decode_step_starts: dict[int, list[float]] = field(default_factory=dict)
+    max_batch: int = 0
+    max_context: int = 0
 
     @classmethod
     def of(
@@ -584,6 +697,7 @@ class _Run:
             output - 1,
             prompt + 1,
             np.argsort(arrival, kind="stable"),
+            np.arange(len(arrival)) if workload.session is None else np.asarray(workload.session, dtype=np.int64),
             costs,
             params,
             layout.chunk_budget_tokens,
@@ -603,85 +717,200 @@ class _Run:
     def n(self) -> int:
         return len(self.arrival)
 
-    def workers(self, role: str, entries_by_worker: list[list[tuple[float, int]]], pool: str) -> list[_WorkerOut]:
-        """Run every worker of one pool (round-robin routing lets each run on its own)."""
+    def pool(self, role: str, count: int, pool: str) -> list[_Worker]:
+        """The `count` workers of one pool, sharing its step log when recording."""
         log = StepLog() if self.steps is not None else None
         if self.steps is not None and log is not None:
             self.steps[pool] = log
-        return [
-            _run_worker(
-                role,
-                entries,
-                self.prefill_need,
-                self.context_at_decode,
-                self.decode_need,
-                self.costs.step,
-                self.params,
-                self.chunk_budget_tokens,
-                self.rng,
-                self.noise_sigma,
-                log,
-                w,
-            )
-            for w, entries in enumerate(entries_by_worker)
-        ]
+        return [_Worker(self, role, log, w) for w in range(count)]
 
-    def keep_decode_steps(self, outs: list[_WorkerOut]) -> None:
-        for w, out in enumerate(outs):
-            self.decode_span.update(out.decode_steps)
-            self.decode_step_ends[w] = np.asarray(out.step_end_s)
-            self.decode_step_starts[w] = out.step_start_s
+    def keep_decode_steps(self, workers: list[_Worker]) -> None:
+        for w, worker in enumerate(workers):
+            self.decode_span.update(worker.out.decode_steps)
+            self.decode_step_ends[w] = np.asarray(worker.out.step_end_s)
+            self.decode_step_starts[w] = worker.out.step_start_s
+            self.max_batch = max(self.max_batch, worker.max_batch)
+            self.max_context = max(self.max_context, worker.max_context)
+
+
+class _Load:
+    """What the router counts per worker: requests (and prompt tokens) routed there and not yet finished.
+
+    The reference router keeps this count itself (it is the only client of its workers): a request counts
+    from its arrival until its stream ends on a colocated or decode worker, and until its prefill (KV sent
+    included) returns on a prefill worker."""
+
+    def __init__(self, count: int) -> None:
+        self.requests = [0] * count
+        self.tokens = [0] * count
+        self.leaving: list[tuple[float, int, int, int]] = []  # heap of (time, request, worker, tokens)
+
+    def assign(self, worker: int, tokens: int = 0) -> None:
+        self.requests[worker] += 1
+        self.tokens[worker] += tokens
+
+    def leave(self, time_s: float, request: int, worker: int, tokens: int = 0) -> None:
+        heapq.heappush(self.leaving, (time_s, request, worker, tokens))
+
+    def settle(self, now_s: float) -> None:
+        """Forget every request that finished by `now_s` (seconds)."""
+        leaving = self.leaving
+        while leaving and leaving[0][0] <= now_s:
+            _, _, worker, tokens = heapq.heappop(leaving)
+            self.requests[worker] -= 1
+            self.tokens[worker] -= tokens
+
+    def least(self, by_tokens: bool = False) -> int:
+        """The worker with the least outstanding (fewest tokens, then requests; ties: the first)."""
+        if by_tokens:
+            return min(range(len(self.requests)), key=lambda w: (self.tokens[w], self.requests[w]))
+        return min(range(len(self.requests)), key=self.requests.__getitem__)
+
+
+def _sticky(session: np.ndarray, workers: int) -> np.ndarray:
+    """Rendezvous hashing, as the reference router's `user` stickiness: each session goes to the worker
+    with the highest hash of (session, worker), so a session's requests meet their prefix cache."""
+    with np.errstate(over="ignore"):
+        key: np.ndarray = np.multiply(session.astype(np.uint64)[:, None], np.uint64(0x9E3779B97F4A7C15))
+        key = np.add(key, np.arange(1, workers + 1, dtype=np.uint64))
+        # splitmix64's finaliser: neighbouring keys get unrelated hashes.
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+            key = np.multiply(np.bitwise_xor(key, np.right_shift(key, np.uint64(shift))), np.uint64(factor))
+        key = np.bitwise_xor(key, np.right_shift(key, np.uint64(31)))
+    return np.argmax(key, axis=1)
+
+
+def _fixed_placement(run: _Run, count: int) -> np.ndarray:
+    """Round-robin in arrival order, or session-sticky: placements that need no worker's state."""
+    if run.params.router == "session":
+        return _sticky(run.session, count)
+    placement = np.empty(run.n, dtype=np.int64)
+    placement[run.order] = np.arange(run.n) % count
+    return placement
 
 
 def _serve_colocated(run: _Run, layout: Layout) -> None:
-    """Colocated or chunked workers: each request prefills and decodes on one worker, round-robin."""
+    """Colocated or chunked workers: each request prefills and decodes on the worker its router picks."""
     count = layout.workers
-    entries: list[list[tuple[float, int]]] = [[] for _ in range(count)]
-    for position, request in enumerate(run.order):
-        entries[position % count].append((float(run.arrival[request]), int(request)))
-        run.prefill_worker[request] = run.decode_worker[request] = position % count
-    outs = run.workers(layout.mode, entries, "colocated")
-    for out in outs:
+    workers = run.pool(layout.mode, count, "colocated")
+    if run.params.router == "least-outstanding" and count > 1:
+        load = _Load(count)
+        for request in run.order:
+            now = float(run.arrival[request])
+            for w, worker in enumerate(workers):
+                worker.advance(now)
+                for end, leaving in worker.take_left():
+                    load.leave(end, leaving, w)
+            load.settle(now)
+            w = load.least()
+            load.assign(w)
+            workers[w].add(now, int(request))
+            run.prefill_worker[request] = run.decode_worker[request] = w
+    else:
+        placement = _fixed_placement(run, count)
+        for request in run.order:
+            workers[int(placement[request])].add(float(run.arrival[request]), int(request))
+        run.prefill_worker[:] = run.decode_worker[:] = placement
+    for worker in workers:
+        worker.advance(math.inf)
+    for worker in workers:
+        out = worker.out
         for request, end in out.prefill_end_s.items():
             run.prefill_end[request] = run.first_token[request] = end
             run.prefill_start[request] = out.prefill_start_s[request]
             run.prefill_chunks[request] = out.prefill_chunks[request]
-    run.keep_decode_steps(outs)
+    run.keep_decode_steps(workers)
+
+
+def _ship(run: _Run, w: int, worker: _Worker, link_free: list[float], load: _Load) -> list[tuple[float, int]]:
+    """KV caches of the prompts prefill worker `w` finished since last time cross its link (FIFO), one at a
+    time; returns (ready time, request) for each. A prompt counts on `load` until its KV is sent."""
+    transfer = run.costs.transfer
+    shipped: list[tuple[float, int]] = []
+    for end, request in worker.take_prefilled():
+        run.prefill_start[request] = worker.out.prefill_start_s[request]
+        run.prefill_end[request] = end
+        wire_s = float(run.prompt[request]) * transfer.kv_bytes_per_token / transfer.link_bytes_per_s
+        if run.rng is not None:
+            wire_s *= float(run.rng.lognormal(0.0, run.noise_sigma))
+        start = max(end, link_free[w])
+        link_free[w] = start + wire_s
+        ready = link_free[w] + transfer.constant_s
+        run.transfer_start[request], run.transfer_end[request] = start, ready
+        run.first_token[request] = ready
+        load.leave(ready, request, w, int(run.prompt[request]))
+        shipped.append((ready, request))
+    return shipped
+
+
+def _deliver(run: _Run, shipped: list[tuple[float, int]], decode: list[_Worker], load: _Load) -> None:
+    """KV caches become ready on the decode workers picked at their arrival; a request whose first token
+    was its last ends there (its stream closes with it)."""
+    for ready, request in shipped:
+        d = int(run.decode_worker[request])
+        if run.decode_need[request] > 0:
+            decode[d].add(ready, request)
+        else:
+            load.leave(ready, request, d)
+
+
+def _route_split(run: _Run, prefill: list[_Worker], decode: list[_Worker], link_free: list[float]) -> None:
+    """Each arrival, in time order, goes to the prefill worker with the fewest prompt tokens in flight (or
+    its session's) and the decode worker with the fewest requests in flight, both read at its arrival,
+    as the reference router does: it opens the decode stream first, then posts the prompt."""
+    prefill_load, decode_load = _Load(len(prefill)), _Load(len(decode))
+    sticky = _sticky(run.session, len(prefill)) if run.params.router == "session" else None
+    for request in run.order:
+        now = float(run.arrival[request])
+        for w, worker in enumerate(prefill):
+            worker.advance(now)
+            _deliver(run, _ship(run, w, worker, link_free, prefill_load), decode, decode_load)
+        for w, worker in enumerate(decode):
+            worker.advance(now)
+            for end, leaving in worker.take_left():
+                decode_load.leave(end, leaving, w)
+        prefill_load.settle(now)
+        decode_load.settle(now)
+        p = int(sticky[request]) if sticky is not None else prefill_load.least(by_tokens=True)
+        d = decode_load.least()
+        prefill_load.assign(p, int(run.prompt[request]))
+        decode_load.assign(d)
+        prefill[p].add(now, int(request))
+        run.prefill_worker[request], run.decode_worker[request] = p, d
+    for w, worker in enumerate(prefill):
+        worker.advance(math.inf)
+        _deliver(run, _ship(run, w, worker, link_free, prefill_load), decode, decode_load)
 
 
 def _serve_disaggregated(run: _Run, layout: Layout) -> None:
-    """Prefill workers, a FIFO link per prefill worker, then decode workers in KV-ready order."""
+    """Prefill workers, a FIFO link per prefill worker, then decode workers. Under round-robin, decode
+    workers take KV caches in ready order; else the router picks both workers at arrival (`_route_split`)."""
     p_count, d_count = layout.prefill_workers, layout.decode_workers
-    entries: list[list[tuple[float, int]]] = [[] for _ in range(p_count)]
-    for position, request in enumerate(run.order):
-        entries[position % p_count].append((float(run.arrival[request]), int(request)))
-        run.prefill_worker[request] = position % p_count
-    transfer = run.costs.transfer
-    for out in run.workers("prefill", entries, "prefill"):
-        link_free = 0.0
-        for request, end in sorted(out.prefill_end_s.items(), key=lambda item: item[1]):
-            run.prefill_end[request] = end
-            run.prefill_start[request] = out.prefill_start_s[request]
-            wire_s = float(run.prompt[request]) * transfer.kv_bytes_per_token / transfer.link_bytes_per_s
-            if run.rng is not None:
-                wire_s *= float(run.rng.lognormal(0.0, run.noise_sigma))
-            start = max(end, link_free)
-            link_free = start + wire_s
-            run.transfer_start[request] = start
-            run.transfer_end[request] = run.first_token[request] = link_free + transfer.constant_s
-    ready_order = np.argsort(run.first_token, kind="stable")
-    entries = [[] for _ in range(d_count)]
-    for position, request in enumerate(ready_order):
-        if run.decode_need[request] > 0:
-            entries[position % d_count].append((float(run.first_token[request]), int(request)))
-        run.decode_worker[request] = position % d_count
-    outs = run.workers("decode", entries, "decode")
-    for out in outs:
+    prefill = run.pool("prefill", p_count, "prefill")
+    decode = run.pool("decode", d_count, "decode")
+    link_free = [0.0] * p_count
+    if run.params.router == "round-robin":
+        placement = _fixed_placement(run, p_count)
+        for request in run.order:
+            prefill[int(placement[request])].add(float(run.arrival[request]), int(request))
+        run.prefill_worker[:] = placement
+        ignored = _Load(p_count)
+        for w, worker in enumerate(prefill):
+            worker.advance(math.inf)
+            _ship(run, w, worker, link_free, ignored)
+        for position, request in enumerate(np.argsort(run.first_token, kind="stable")):
+            run.decode_worker[request] = position % d_count
+            if run.decode_need[request] > 0:
+                decode[position % d_count].add(float(run.first_token[request]), int(request))
+    else:
+        _route_split(run, prefill, decode, link_free)
+    for worker in decode:
+        worker.advance(math.inf)
         # The decode worker streams the first token when it admits the request (as vLLM's and Dynamo's
         # decode engines do), so a full decode pool shows in TTFT rather than as one hidden gap.
-        for request, admitted in out.admitted_s.items():
+        for request, admitted in worker.out.admitted_s.items():
             run.first_token[request] = max(run.first_token[request], admitted)
-    run.keep_decode_steps(outs)
+    run.keep_decode_steps(decode)
 
 
 def _record(run: _Run, result: SimResult, e2e: np.ndarray) -> None:

@@ -37,6 +37,10 @@ from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
 EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: synthetic traces start here
 _SPANS_PER_LINE = 512  # the BatchSpanProcessor's default export batch
+# The synthetic deployments route round-robin: a placement that does not depend on the noisy step times,
+# so a report replaying the traced layout places every request where the traced run did, and its model
+# check compares like with like. Reports on them are told so (ReportOptions.router).
+SYNTHETIC_ROUTER = "round-robin"
 _MAX_STALL_EVENTS = 8  # per decode span, like a real tracer bounding its events
 KV_BLOCK_TOKENS = 16
 
@@ -77,7 +81,7 @@ def write_traces(
     *,
     noise_sigma: float = 0.05,
     seed: int = 0,
-    params: EngineParams = EngineParams(),
+    params: EngineParams = EngineParams(router=SYNTHETIC_ROUTER),
     options: TraceOptions = TraceOptions(),
 ) -> SimResult:
     """Simulate `workload` on `layout` with ground-truth `costs` and write the traces to `path` (replacing
