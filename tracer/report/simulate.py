@@ -11,9 +11,13 @@ One engine iteration ("step") at a time per worker, the way the reference server
   reaches the client when the transfer has ended and a decode worker has admitted the request, so both
   the exposed transfer and a full decode pool count toward time to first token.
 
-Step time follows DistServe's fitted forms, summed for a mixed step (see `StepCosts`). Requests are routed
-round-robin, which lets each worker be simulated on its own: the whole model is a few tight loops over
-steps, with no per-token Python objects, so a goodput search of dozens of runs takes well under a second.
+Step time follows DistServe's fitted forms, summed for a mixed step (see `StepCosts`), extended past the
+largest batch the fit saw at the marginal cost of its largest batches. A step is planned at its start: a
+request that arrives, or a KV cache that lands, while one runs joins the next. Requests are placed by
+`EngineParams.router` (ROUTERS): least-outstanding, as the reference router, runs a pool's workers side by
+side and places each arrival on what they hold then; round-robin and session placements need no worker's
+state, so each worker runs on its own. The whole model is a few tight loops over steps, with no per-token
+Python objects, so a goodput search of dozens of runs takes about a second.
 
 Pure computation; no I/O, no threads. Times are seconds from the start of the workload.
 """
