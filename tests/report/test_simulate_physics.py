@@ -248,3 +248,11 @@ def test_the_report_states_the_largest_batch_it_fitted_and_what_it_extrapolated(
         simulated, fitted = (int(x) for x in re.findall(r"up to (\d+) .*?fitted \((\d+)\)", line)[0])
         assert simulated > fitted
     assert any("decode batches up to" in line and "EXTRAPOLATED" in line for line in past), report.assumptions
+
+
+def test_the_report_refuses_an_unknown_router_and_states_the_one_it_used(scenario_traces):
+    sc, path, _ = scenario_traces("chatty")
+    with pytest.raises(ValueError, match="--router"):
+        quick_options(sc, router="random")
+    report = build_report([path], quick_options(sc, router="least-outstanding", sim_max_requests=500))
+    assert any("fewest requests in flight" in line and "--router" in line for line in report.assumptions)
