@@ -28,8 +28,9 @@ import struct
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import xxhash
 
 from tracer.auth import token_ok
@@ -310,6 +311,63 @@ class BlockLayout:
 # ---------------------------------------------------------------------------------------------- messages
 
 
+def _whole(pattern: str) -> str:
+    """``pattern`` anchored at both ends: msgspec searches a pattern rather than matching it whole (and \\Z,
+    not $, which would let a trailing newline through)."""
+    return rf"\A(?:{pattern})\Z"
+
+
+# A kv header's fields one by one, as constraints msgspec checks in C (strict: JSON true is no integer,
+# 4096.0 no byte count).
+_Int64 = Annotated[int, msgspec.Meta(ge=-_MAX_INT64, le=_MAX_INT64)]
+_NonNegative = Annotated[int, msgspec.Meta(ge=0, le=_MAX_INT64)]
+_Positive = Annotated[int, msgspec.Meta(ge=1, le=_MAX_INT64)]
+_Dim = Annotated[int, msgspec.Meta(ge=1, le=_MAX_DIM)]
+_TransferId = Annotated[str, msgspec.Meta(pattern=_whole(_TRANSFER_ID.pattern))]
+_Traceparent = Annotated[str, msgspec.Meta(pattern=_whole(TRACEPARENT_PATTERN.pattern))]
+_Dtype = Annotated[str, msgspec.Meta(pattern=_whole("|".join(map(re.escape, ALLOWED_DTYPES))))]
+_Checksum = Annotated[str, msgspec.Meta(pattern=_whole(re.escape(CHECKSUM_ALGORITHM)))]
+
+
+class _WireLayout(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``layout`` of a ``kv`` header: ``[2 (K and V), layers, block_tokens, kv_heads, head_dim]``."""
+
+    block_shape: tuple[Literal[2], _Dim, _Dim, _Dim, _Dim]
+
+
+class _WireClock(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """``clock`` of a ``kv`` header: the sender's estimate of receiver clock minus sender clock, in ns."""
+
+    offset_ns: _Int64
+    delay_ns: _Int64
+
+
+class _WireHeader(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A ``kv`` frame as it arrives: every key required but ``token``, no unknown key, each value checked on
+    its own. What depends on another field or on the receiver's pool is checked by ``_check_layout`` and
+    ``_check_blocks``."""
+
+    v: Literal[1]  # WIRE_VERSION
+    type: Literal["kv"]
+    transfer_id: _TransferId
+    request_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID_CHARS)]
+    traceparent: _Traceparent | None
+    dtype: _Dtype
+    layout: _WireLayout
+    block_bytes: _Positive
+    n_blocks: _Positive
+    n_streams: Annotated[int, msgspec.Meta(ge=1, le=MAX_STREAMS)]
+    stream: Annotated[int, msgspec.Meta(ge=0, le=MAX_STREAMS - 1)]
+    positions: Annotated[tuple[_NonNegative, ...], msgspec.Meta(min_length=1)]
+    src_block_ids: tuple[_NonNegative, ...]
+    nbytes: _Positive
+    checksum: _Checksum
+    sent_wall_ns: _NonNegative
+    clock: _WireClock
+    meta: dict[str, Any]
+    token: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOKEN_CHARS)] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class StreamHeader:
     """The ``kv`` frame that opens one stream. ``positions`` index the request's block list (0..n_blocks-1);
@@ -360,107 +418,71 @@ class StreamHeader:
 
     @classmethod
     def from_wire(cls, message: dict[str, Any], layout: BlockLayout) -> StreamHeader:
-        """Validate a ``kv`` frame against the receiver's pool ``layout``; raises KVTransferError(bad_header)."""
-        _check_keys(
-            message,
-            required={
-                "v",
-                "type",
-                "transfer_id",
-                "request_id",
-                "traceparent",
-                "dtype",
-                "layout",
-                "block_bytes",
-                "n_blocks",
-                "n_streams",
-                "stream",
-                "positions",
-                "src_block_ids",
-                "nbytes",
-                "checksum",
-                "sent_wall_ns",
-                "clock",
-                "meta",
-            },
-            optional={"token"},
-        )
-        _check_envelope(message, "kv")
-        transfer_id = _string(message, "transfer_id", max_chars=32, pattern=_TRANSFER_ID)
-        request_id = _string(message, "request_id", max_chars=MAX_REQUEST_ID_CHARS)
-        traceparent = message["traceparent"]
-        if traceparent is not None:
-            traceparent = _string(message, "traceparent", max_chars=55, pattern=TRACEPARENT_PATTERN)
-
-        dtype = _string(message, "dtype", max_chars=32)
-        if dtype not in ALLOWED_DTYPES:
-            raise KVTransferError("bad_header", f"dtype {dtype!r} is not one of {sorted(ALLOWED_DTYPES)}")
-        layout_field = message["layout"]
-        if not isinstance(layout_field, dict):
-            raise KVTransferError("bad_header", "'layout' must be an object")
-        _check_keys(layout_field, required={"block_shape"}, optional=set(), where="layout")
-        block_shape = tuple(_int_list(layout_field, "block_shape", low=1, high=_MAX_DIM, max_items=5))
-        if len(block_shape) != 5 or block_shape[0] != 2:
-            raise KVTransferError(
-                "bad_header", f"block_shape {list(block_shape)} is not [2, layers, block_tokens, kv_heads, head_dim]"
-            )
-        if dtype != layout.dtype or block_shape != layout.block_shape:
-            raise KVTransferError(
-                "bad_header",
-                f"layout {dtype} {list(block_shape)} does not match this pool's "
-                f"{layout.dtype} {list(layout.block_shape)}",
-            )
-        block_bytes = _int(message, "block_bytes", low=1, high=_MAX_INT64)
-        if block_bytes != layout.block_bytes:
-            raise KVTransferError("bad_header", f"block_bytes {block_bytes} != {layout.block_bytes} for this layout")
-
-        n_blocks = _int(message, "n_blocks", low=1, high=layout.num_blocks)
-        n_streams = _int(message, "n_streams", low=1, high=min(MAX_STREAMS, n_blocks))
-        stream = _int(message, "stream", low=0, high=n_streams - 1)
-        positions = tuple(_int_list(message, "positions", low=0, high=n_blocks - 1, max_items=n_blocks))
-        if not positions or len(set(positions)) != len(positions):
-            raise KVTransferError("bad_header", "'positions' must be non-empty and free of repeats")
-        src_block_ids = tuple(_int_list(message, "src_block_ids", low=0, high=_MAX_INT64, max_items=n_blocks))
-        if len(src_block_ids) != len(positions) or len(set(src_block_ids)) != len(src_block_ids):
-            raise KVTransferError("bad_header", "'src_block_ids' must match 'positions' in length, free of repeats")
-        nbytes = _int(message, "nbytes", low=1, high=_MAX_INT64)
-        if nbytes != len(positions) * block_bytes:
-            raise KVTransferError(
-                "bad_header", f"nbytes {nbytes} != {len(positions)} blocks x {block_bytes} bytes per block"
-            )
-        if message["checksum"] != CHECKSUM_ALGORITHM:
-            raise KVTransferError("bad_header", f"checksum algorithm must be {CHECKSUM_ALGORITHM!r}")
-        sent_wall_ns = _int(message, "sent_wall_ns", low=0, high=_MAX_INT64)
-        clock = message["clock"]
-        if not isinstance(clock, dict):
-            raise KVTransferError("bad_header", "'clock' must be an object")
-        _check_keys(clock, required={"offset_ns", "delay_ns"}, optional=set(), where="clock")
-        clock_offset_ns = _int(clock, "offset_ns", low=-_MAX_INT64, high=_MAX_INT64)
-        clock_delay_ns = _int(clock, "delay_ns", low=-_MAX_INT64, high=_MAX_INT64)
-        meta = message["meta"]
-        if not isinstance(meta, dict):
-            raise KVTransferError("bad_header", "'meta' must be a JSON object")
-        token = message.get("token")
-        if token is not None:
-            token = _string(message, "token", max_chars=MAX_TOKEN_CHARS)
+        """Validate a ``kv`` frame against the receiver's pool ``layout``; raises KVTransferError(bad_header)
+        whose detail names the bad field. Nothing is allocated or written before this returns."""
+        _check_envelope(message, "kv")  # a future schema version is named as such, not as a bad field
+        try:
+            wire = msgspec.convert(message, _WireHeader)
+        except msgspec.ValidationError as exc:
+            raise KVTransferError("bad_header", _clip(f"kv header: {exc}")) from None
+        _check_layout(wire, layout)
+        _check_blocks(wire, layout)
         return cls(
-            transfer_id=transfer_id,
-            request_id=request_id,
-            traceparent=traceparent,
-            dtype=dtype,
-            block_shape=block_shape,
-            block_bytes=block_bytes,
-            n_blocks=n_blocks,
-            n_streams=n_streams,
-            stream=stream,
-            positions=positions,
-            src_block_ids=src_block_ids,
-            nbytes=nbytes,
-            sent_wall_ns=sent_wall_ns,
-            clock_offset_ns=clock_offset_ns,
-            clock_delay_ns=clock_delay_ns,
-            meta=meta,
-            token=token,
+            transfer_id=wire.transfer_id,
+            request_id=wire.request_id,
+            traceparent=wire.traceparent,
+            dtype=wire.dtype,
+            block_shape=wire.layout.block_shape,
+            block_bytes=wire.block_bytes,
+            n_blocks=wire.n_blocks,
+            n_streams=wire.n_streams,
+            stream=wire.stream,
+            positions=wire.positions,
+            src_block_ids=wire.src_block_ids,
+            nbytes=wire.nbytes,
+            sent_wall_ns=wire.sent_wall_ns,
+            clock_offset_ns=wire.clock.offset_ns,
+            clock_delay_ns=wire.clock.delay_ns,
+            meta=wire.meta,
+            token=wire.token,
+        )
+
+
+def _check_layout(wire: _WireHeader, layout: BlockLayout) -> None:
+    """The sender's block layout is the receiver's pool's: the bytes land as they were, or not at all."""
+    if wire.dtype != layout.dtype or wire.layout.block_shape != layout.block_shape:
+        raise KVTransferError(
+            "bad_header",
+            f"layout {wire.dtype} {list(wire.layout.block_shape)} does not match this pool's "
+            f"{layout.dtype} {list(layout.block_shape)}",
+        )
+    if wire.block_bytes != layout.block_bytes:
+        raise KVTransferError("bad_header", f"block_bytes {wire.block_bytes} != {layout.block_bytes} for this layout")
+
+
+def _check_blocks(wire: _WireHeader, layout: BlockLayout) -> None:
+    """This stream's share fits the transfer and the pool: ``stream`` < ``n_streams`` <= ``n_blocks`` <= the
+    pool's blocks, ``positions`` distinct in [0, n_blocks), one distinct source block per position, and
+    ``nbytes`` exactly their bytes."""
+    if wire.n_blocks > layout.num_blocks:
+        raise KVTransferError(
+            "bad_header", f"'n_blocks' = {wire.n_blocks} is more than this pool's {layout.num_blocks}"
+        )
+    if wire.n_streams > wire.n_blocks:
+        raise KVTransferError("bad_header", f"'n_streams' = {wire.n_streams} is more than 'n_blocks' = {wire.n_blocks}")
+    if wire.stream >= wire.n_streams:
+        raise KVTransferError("bad_header", f"'stream' = {wire.stream} is outside [0, {wire.n_streams - 1}]")
+    if max(wire.positions) >= wire.n_blocks:
+        raise KVTransferError(
+            "bad_header", f"'positions' holds {max(wire.positions)}, outside [0, {wire.n_blocks - 1}]"
+        )
+    if len(set(wire.positions)) != len(wire.positions):
+        raise KVTransferError("bad_header", "'positions' must be non-empty and free of repeats")
+    if len(wire.src_block_ids) != len(wire.positions) or len(set(wire.src_block_ids)) != len(wire.src_block_ids):
+        raise KVTransferError("bad_header", "'src_block_ids' must match 'positions' in length, free of repeats")
+    if wire.nbytes != len(wire.positions) * wire.block_bytes:
+        raise KVTransferError(
+            "bad_header", f"nbytes {wire.nbytes} != {len(wire.positions)} blocks x {wire.block_bytes} bytes per block"
         )
 
 
@@ -556,26 +578,10 @@ def _int(message: dict[str, Any], key: str, *, low: int, high: int) -> int:
     return value
 
 
-def _int_list(message: dict[str, Any], key: str, *, low: int, high: int, max_items: int) -> list[int]:
-    values = message.get(key)
-    if not isinstance(values, list):
-        raise KVTransferError("bad_header", f"{key!r} must be a list of integers")
-    if len(values) > max_items:
-        raise KVTransferError("bad_header", f"{key!r} has {len(values)} items, more than {max_items}")
-    for value in values:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise KVTransferError("bad_header", f"{key!r} must hold integers only")
-        if not low <= value <= high:
-            raise KVTransferError("bad_header", f"{key!r} holds {value}, outside [{low}, {high}]")
-    return values
-
-
-def _string(message: dict[str, Any], key: str, *, max_chars: int, pattern: re.Pattern[str] | None = None) -> str:
+def _string(message: dict[str, Any], key: str, *, max_chars: int) -> str:
     value = message.get(key)
     if not isinstance(value, str) or not value:
         raise KVTransferError("bad_header", f"{key!r} must be a non-empty string")
     if len(value) > max_chars:
         raise KVTransferError("bad_header", f"{key!r} is longer than {max_chars} characters")
-    if pattern is not None and not pattern.fullmatch(value):
-        raise KVTransferError("bad_header", f"{key!r} is malformed")
     return value
