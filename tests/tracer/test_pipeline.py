@@ -14,6 +14,7 @@ from prometheus_client.openmetrics.exposition import (
     generate_latest as openmetrics_latest,
 )
 
+from tests.conftest import wait_for
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.gpu import GpuSampler
@@ -303,12 +304,11 @@ def test_gpu_sampler_with_nvml_sets_utilisation_and_memory():
     registry = CollectorRegistry()
     sampler = GpuSampler(Catalogue(registry), interval_s=0.01, nvml=FakeNvml()).start()
     try:
-        import time
-
-        deadline = time.monotonic() + 5
-        while registry.get_sample_value("splitscope_gpu_memory_used_bytes", {"gpu": "0"}) is None:
-            assert time.monotonic() < deadline, "sampler never reported"
-            sampler._stop.wait(0.01)
+        wait_for(
+            lambda: registry.get_sample_value("splitscope_gpu_memory_used_bytes", {"gpu": "0"}) is not None,
+            timeout_s=5,
+            what="the GPU sampler's first report",
+        )
     finally:
         sampler.stop()
     assert registry.get_sample_value("splitscope_gpu_utilization_ratio", {"gpu": "0"}) == pytest.approx(0.87)
