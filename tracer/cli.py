@@ -18,6 +18,7 @@ _SUBCOMMANDS = {
     "sidecar": ("tracer.sidecar.main:sidecar_command", "sidecar"),
     "report": ("tracer.report.cli:report_command", "report"),
     "explain": ("tracer.explain.cli:explain_command", "report"),
+    "advise": ("tracer.advise.cli:advise_command", "report"),
     "dashboards": ("tracer.dashboards.cli:dashboards_group", "dashboards"),
     "alerts": ("tracer.alerts.cli:alerts_group", "alerts"),
     "deploy-files": ("tracer.deploy_files:deploy_files_command", "all"),
