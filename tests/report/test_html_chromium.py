@@ -53,5 +53,6 @@ def test_html_report_renders_verdict_and_plots_in_headless_chromium(scenario_tra
     dom = done.stdout
     assert re.search(r'id="verdict"[^>]*>Verdict: <strong>split \d:\d</strong>', dom)
     plots = re.findall(r'<img class="plot"', dom)
-    assert len(plots) == 4  # latency CDFs, stage breakdown, step time vs prefill tokens, goodput per option
-    assert 'data-decoded-images="4"' in dom
+    # latency CDFs, stage breakdown, step time vs prefill tokens, why requests missed the SLO, goodput per option
+    assert len(plots) == 5
+    assert 'data-decoded-images="5"' in dom

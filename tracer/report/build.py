@@ -100,6 +100,9 @@ class ReportOptions:
     # How the simulated router places requests on a pool's workers (simulate.ROUTERS): the reference
     # router's least-outstanding by default; traces carry no signal of the policy, so it is never inferred.
     router: str = "least-outstanding"
+    # "Why requests missed the SLO" (why.py): explain the missing requests' stalls and TTFT parts; it
+    # reads the trace files a second time through the generic span reader, so it can be turned off.
+    why_missed: bool = True
 
     def __post_init__(self) -> None:
         if self.gpus is not None and self.gpus < 1:
@@ -183,6 +186,9 @@ class Report:
     # How the self-check ended (selfcheck.py): misses, those that matter, the correction, the outcome.
     # Empty when no decision got that far.
     self_check: dict[str, Any] = field(default_factory=dict)
+    # Why the requests that missed the SLO missed it (why.py); None when not computed (no trace files
+    # read, or ReportOptions.why_missed off).
+    why_missed: dict[str, Any] | None = None
 
 
 def _quantiles(values: np.ndarray) -> dict[str, float]:
@@ -243,7 +249,12 @@ def _workload(requests: RequestTable) -> Workload:
 def build_report(paths: Sequence[str | os.PathLike[str]], options: ReportOptions) -> Report:
     """Read `paths` and decide. Raises TraceFileError / TraceDataError on bad input unless skip_bad."""
     data = load_traces(paths, skip_bad=options.skip_bad)
-    return report_from_data(data, options)
+    report = report_from_data(data, options)
+    if options.why_missed:
+        from tracer.report.why import why_missed
+
+        report.why_missed = why_missed(paths, options.slo, skip_bad=options.skip_bad)
+    return report
 
 
 @dataclass

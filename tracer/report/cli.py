@@ -86,6 +86,12 @@ from tracer.cli_options import Duration
     show_default=True,
     help="How the simulated router places requests on a pool's workers (the reference router: least-outstanding).",
 )
+@click.option(
+    "--why-missed/--no-why-missed",
+    default=True,
+    show_default=True,
+    help="The section on why requests missed the SLO (reads the trace files a second time, span by span).",
+)
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
 def report_command(
@@ -107,6 +113,7 @@ def report_command(
     sim_requests,
     confidence_resamples,
     router,
+    why_missed,
     fmt,
     output,
 ) -> None:  # type: ignore[no-untyped-def]
@@ -139,6 +146,7 @@ def report_command(
             metrics_file=metrics_file,
             confidence_resamples=confidence_resamples,
             router=router,
+            why_missed=why_missed,
         )
         report = build_report(list(traces), options)
     except (TraceFileError, TraceDataError, PrometheusError, ValueError) as exc:

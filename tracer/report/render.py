@@ -121,6 +121,7 @@ def to_json(report: Report) -> dict[str, Any]:
             "evidence": report.evidence,
             "assumptions": report.assumptions,
             "read": report.read,
+            "why_missed": report.why_missed,
         }
     )
 
@@ -166,6 +167,7 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
                 rows,
             )
         )
+    out += _why_missed_sections(report.why_missed)
     if report.goodput:
         rows = [["option", "GPUs", "max rate (req/s)", "goodput (req/s/GPU)"]]
         for o in sorted(report.goodput, key=lambda o: -o.goodput_per_gpu):
@@ -173,6 +175,35 @@ def _sections(report: Report) -> list[tuple[str, list[str] | list[list[str]]]]:
         out.append(("Simulated goodput", rows))
     out.append(("Evidence", report.evidence))
     out.append(("Assumptions", report.assumptions))
+    return out
+
+
+WHY_MISSED_TITLE = "Why requests missed the SLO"
+
+
+def _why_missed_sections(why: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The "Why requests missed the SLO" section: what it rests on, then the causes as a table."""
+    if why is None:
+        return []
+    counted = (
+        f"{why['missed']} of {why['requests']} requests missed the SLO "
+        f"({why['missed_ttft']} TTFT, {why['missed_itl']} ITL)"
+    )
+    if why["sampled"]:
+        counted += (
+            f"; {why['examined']} of them examined, evenly spaced in arrival order (at most {why['max_examined']})"
+        )
+    lines = [counted] + list(why["rests_on"])
+    if why["estimated"]:
+        lines.append("some stall windows are ESTIMATED (no token times): their causes are estimates too")
+    out: list[tuple[str, Any]] = [(WHY_MISSED_TITLE, lines)]
+    if why["causes"]:
+        rows = [["cause", "share of misses", "share of stall time", "stall time"]]
+        for cause in why["causes"]:
+            rows.append(
+                [cause["label"], f"{cause['miss_share']:.0%}", f"{cause['stall_share']:.0%}", _fmt_s(cause["stall_s"])]
+            )
+        out.append((f"{WHY_MISSED_TITLE}: by cause", rows))
     return out
 
 
@@ -284,6 +315,26 @@ def _plots(report: Report) -> list[tuple[str, str]]:
         ax.set_title("step time against prefill tokens")
         ax.legend()
         plots.append(("Step time against prefill tokens", _png(fig)))
+        plt.close(fig)
+    why = report.why_missed
+    if why is not None and why["causes"]:
+        fig, ax = plt.subplots(figsize=(8, 2.6))
+        cmap = plt.get_cmap("tab10")
+        rows = [("share of misses", "miss_share"), ("share of stall time", "stall_share")]
+        for i, cause in enumerate(why["causes"]):
+            lefts = [sum(c[key] for c in why["causes"][:i]) for _, key in rows]
+            widths = [cause[key] for _, key in rows]
+            ax.barh(range(len(rows)), widths, left=lefts, color=cmap(i % 10), label=cause["label"])
+            for y, (left, width) in enumerate(zip(lefts, widths)):
+                if width >= 0.08:
+                    ax.text(left + width / 2, y, f"{width:.0%}", ha="center", va="center", color="white")
+        ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+        ax.invert_yaxis()
+        ax.set_xlim(0, 1)
+        ax.set_xlabel(f"share among the {why['examined']} requests examined that missed the SLO")
+        ax.legend(ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.35), fontsize="small")
+        ax.set_title(WHY_MISSED_TITLE)
+        plots.append((WHY_MISSED_TITLE, _png(fig)))
         plt.close(fig)
     if report.goodput:
         fig, ax = plt.subplots(figsize=(7, 3.2))
