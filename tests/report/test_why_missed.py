@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tracer.report import why
+from tracer.report import build, why
 from tracer.report.build import build_report
 from tracer.report.render import render
 from tracer.report.simulate import SLO
@@ -127,6 +127,16 @@ def test_off_when_asked(scenario_traces):
     assert report.why_missed is None
     assert json.loads(render(report, "json"))["why_missed"] is None
     assert "Why requests missed" not in render(report, "md")
+
+
+def test_large_traces_skip_it_unless_asked_and_say_so(scenario_traces, monkeypatch):
+    sc, path, _ = scenario_traces("long-prompts")
+    monkeypatch.setattr(build, "WHY_MISSED_AUTO_MAX_BYTES", path.stat().st_size - 1)  # these traces are "large"
+    skipped = build_report([path], quick_options(sc, confidence_resamples=0))
+    assert skipped.why_missed is None
+    assert any(line.startswith("why requests missed the SLO: not built") for line in skipped.assumptions)
+    asked = build_report([path], quick_options(sc, why_missed=True, confidence_resamples=0))
+    assert asked.why_missed is not None and asked.why_missed["missed"] > 0
 
 
 @pytest.fixture(scope="module")

@@ -67,6 +67,9 @@ _ROUTER_WORDS = {
     "session": "by session (rendezvous hashing; the traces carry no session, so each request is its own)",
 }
 DEFAULT_MAX_PREFILL_TOKENS_PER_STEP = EngineParams().max_prefill_tokens_per_step
+# The why-missed section is built without being asked up to this much trace data (a second read of 100 MiB
+# takes a few seconds here; bench/report_scale.py's 630 MiB file would add about half a minute).
+WHY_MISSED_AUTO_MAX_BYTES = 100 * 2**20
 
 
 @dataclass(frozen=True)
@@ -100,9 +103,10 @@ class ReportOptions:
     # How the simulated router places requests on a pool's workers (simulate.ROUTERS): the reference
     # router's least-outstanding by default; traces carry no signal of the policy, so it is never inferred.
     router: str = "least-outstanding"
-    # "Why requests missed the SLO" (why.py): explain the missing requests' stalls and TTFT parts; it
-    # reads the trace files a second time through the generic span reader, so it can be turned off.
-    why_missed: bool = True
+    # "Why requests missed the SLO" (why.py): explain the missing requests' stalls and TTFT parts. It
+    # reads the trace files a second time through the generic span reader (2-3x the report's own read), so
+    # None (auto) builds it only up to WHY_MISSED_AUTO_MAX_BYTES of traces; True always, False never.
+    why_missed: bool | None = None
 
     def __post_init__(self) -> None:
         if self.gpus is not None and self.gpus < 1:
@@ -250,11 +254,27 @@ def build_report(paths: Sequence[str | os.PathLike[str]], options: ReportOptions
     """Read `paths` and decide. Raises TraceFileError / TraceDataError on bad input unless skip_bad."""
     data = load_traces(paths, skip_bad=options.skip_bad)
     report = report_from_data(data, options)
-    if options.why_missed:
+    if _wants_why_missed(paths, options.why_missed, report.assumptions):
         from tracer.report.why import why_missed
 
         report.why_missed = why_missed(paths, options.slo, skip_bad=options.skip_bad)
     return report
+
+
+def _wants_why_missed(paths: Sequence[str | os.PathLike[str]], asked: bool | None, assumptions: list[str]) -> bool:
+    """Whether to build the why-missed section: as asked, or (None) when the files are small enough for a
+    second read to cost little beside the first; a skip is stated in `assumptions`."""
+    if asked is not None:
+        return asked
+    total_bytes = sum(os.path.getsize(path) for path in paths)
+    if total_bytes <= WHY_MISSED_AUTO_MAX_BYTES:
+        return True
+    assumptions.append(
+        f"why requests missed the SLO: not built for {total_bytes / 2**20:.0f} MiB of traces (it reads them a "
+        f"second time, span by span; automatic up to {WHY_MISSED_AUTO_MAX_BYTES / 2**20:.0f} MiB): --why-missed "
+        "builds it"
+    )
+    return False
 
 
 @dataclass

@@ -88,9 +88,9 @@ from tracer.cli_options import Duration
 )
 @click.option(
     "--why-missed/--no-why-missed",
-    default=True,
-    show_default=True,
-    help="The section on why requests missed the SLO (reads the trace files a second time, span by span).",
+    default=None,
+    help="The section on why requests missed the SLO; it reads the trace files a second time, span by span."
+    " Default: built when the traces total at most 100 MiB.",
 )
 @click.option("--format", "fmt", type=click.Choice(["md", "html", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")
