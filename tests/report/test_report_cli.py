@@ -17,6 +17,8 @@ from tracer.report.cli import report_command
 
 
 def _args(sc, path, *extra: str) -> list[str]:
+    # No bootstrap: these tests judge the command line, not the confidence (test_confidence.py does), and
+    # twenty re-runs made each of them 20-35 s on a busy machine.
     return [
         str(path),
         "--slo-ttft",
@@ -25,6 +27,8 @@ def _args(sc, path, *extra: str) -> list[str]:
         str(sc.slo_itl_s),
         "--sim-requests",
         "100",
+        "--confidence-resamples",
+        "0",
         *extra,
     ]
 
