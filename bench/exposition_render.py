@@ -9,7 +9,7 @@ Renderers, timed in this one run, on the same registry:
 - `collect only`: prometheus_client's collect() alone (building a Sample per line), the floor for any
   renderer that reads the registry through the library;
 - `prometheus_client`: the library's own encoder over the same registry;
-- `Exposition`: tracer/exposition.py, the cached renderer every worker and the sidecar serve (a worker's
+- `Exposition`: tracer/export/exposition.py, the cached renderer every worker and the sidecar serve (a worker's
   also adds its `worker` and `namespace` labels, which cost nothing per render: they are part of each
   series' cached text).
 
@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as text_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from tracer.exposition import Exposition
+from tracer.export.exposition import Exposition
 from tracer.metrics import Catalogue, exemplar
 
 OPENMETRICS_ACCEPT = "application/openmetrics-text; version=1.0.0; charset=utf-8"

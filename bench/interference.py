@@ -57,7 +57,7 @@ def start_server(preset: str, layout: list[str], port: int, log_path: Path) -> s
 def start_answering(cli_args: list[str], url: str, log_path: Path, timeout_s: float, nice: int = 0) -> subprocess.Popen:
     """Start `splitscope <cli_args>` at CPU priority `nice` (set before it starts: its threads inherit it),
     output to `log_path`; return once `url` answers 200. Exits the bench if it dies or never answers."""
-    command = ["nice", "-n", str(nice), sys.executable, "-c", "from tracer.cli import main; main()", *cli_args]
+    command = ["nice", "-n", str(nice), sys.executable, "-c", "from tracer.cli.main import main; main()", *cli_args]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + timeout_s

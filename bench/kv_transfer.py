@@ -40,8 +40,8 @@ import numpy  # noqa: E402
 import torch  # noqa: E402
 
 from reference_server.kv_cache import BlockAllocator  # noqa: E402
-from reference_server.transfer import KVReceiver, KVSender  # noqa: E402
-from reference_server.transfer_wire import new_checksum  # noqa: E402
+from reference_server.kv_transfer import KVReceiver, KVSender  # noqa: E402
+from reference_server.kv_transfer.wire import new_checksum  # noqa: E402
 
 # A small Llama-like KV shape: 8 layers, 4 KV heads of 128, bf16 -> 16 KiB per token.
 LAYERS, KV_HEADS, HEAD_DIM, DTYPE = 8, 4, 128, torch.bfloat16

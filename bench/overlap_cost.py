@@ -26,7 +26,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from tracer import spans as s
-from tracer.local_sink import MetricsRecorder
+from tracer.export.local_sink import MetricsRecorder
 from tracer.metrics import Catalogue
 from tracer.sidecar import vllm
 from tracer.sidecar.export import SpanExport

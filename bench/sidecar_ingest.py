@@ -31,9 +31,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from prometheus_client import CollectorRegistry
 
 from tracer import spans as s
-from tracer.local_sink import LocalSink, MetricsRecorder
+from tracer.export.local_sink import LocalSink, MetricsRecorder
+from tracer.export.otel import OtlpJsonFileExporter, make_resource, to_readable_span
 from tracer.metrics import Catalogue
-from tracer.otel import OtlpJsonFileExporter, make_resource, to_readable_span
 from tracer.sidecar import wire
 from tracer.sidecar.server import Sidecar, SidecarConfig, tune_gc_for_ingest
 

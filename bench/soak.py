@@ -39,7 +39,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 # Imported after the path insert so that `python bench/soak.py` runs from a checkout without an install.
-from reference_server.process import ServerProcess  # noqa: E402
+from reference_server.launch.process import ServerProcess  # noqa: E402
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, RunProgress, run_load_sync  # noqa: E402
 
 DROP_REASONS = ("ring_full", "pending_full", "bad_record", "sidecar_unreachable", "export_queue_full")
@@ -103,7 +103,7 @@ class Collector:
         command = [
             sys.executable,
             "-c",
-            "from tracer.cli import main; main()",
+            "from tracer.cli.main import main; main()",
             "sidecar",
             "--no-gpu",
             "--no-grpc",

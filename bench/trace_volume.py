@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/trace_volume.py [--preset small] [--duration 30] [--layout colocated]
 
-Serves the demo's layout and workload (reference_server/demo.py: short chats plus bursts of long prompts)
+Serves the demo's layout and workload (reference_server/launch/demo.py: short chats plus bursts of long prompts)
 twice, with every step span (`--step-sample 1`) and at the default rate, both with the demo's SLOs on the
 router (`--slo-ttft 2 --slo-itl 0.1`), and measures what the traces files hold. Then it applies the
 sidecar's tail sampler (tracer/sidecar/tail_sampler.py, `--keep-violations --sample-rate R`) to the
@@ -25,9 +25,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from reference_server.demo import LAYOUTS, DemoWorkload, _kv_bytes_per_token, _load_config
-from reference_server.launch import ServeConfig
-from reference_server.process import ServerProcess
+from reference_server.launch.demo import LAYOUTS, DemoWorkload, _kv_bytes_per_token, _load_config
+from reference_server.launch.process import ServerProcess
+from reference_server.launch.serve import ServeConfig
 from tracer import spans as s
 from tracer.load import run_load_sync
 from tracer.report.build import ReportOptions, build_report

@@ -46,8 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_server.launch import ServeConfig
-from reference_server.process import ServerProcess
+from reference_server.launch.process import ServerProcess
+from reference_server.launch.serve import ServeConfig
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
 from tracer.load import ClientSLO as LoadSLO
 from tracer.load.workload import build_schedule

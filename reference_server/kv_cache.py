@@ -1,6 +1,6 @@
 """Paged KV cache: one block pool tensor per worker, block tables, a refcounted allocator, a prefix cache.
 
-Layout (a contract with transfer.py): `KVCachePool.tensor` has shape
+Layout (a contract with kv_transfer/): `KVCachePool.tensor` has shape
 `[num_blocks, 2, n_layers, block_size, n_kv_heads, head_dim]` (index 1: 0 = K, 1 = V) and is contiguous,
 so `pool.tensor[block_id]` -- one block's K and V for every layer -- is one contiguous byte range of
 `pool.block_bytes` bytes. A sender ships those bytes as-is; a receiver with the same shape and dtype

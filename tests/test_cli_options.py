@@ -1,4 +1,4 @@
-"""tracer.cli_options: the duration grammar `splitscope load` and `splitscope report` share."""
+"""tracer.cli.options: the duration grammar `splitscope load` and `splitscope report` share."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from tracer.cli_options import Duration, parse_duration_s
+from tracer.cli.options import Duration, parse_duration_s
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 One daemon thread per process (`Pipeline`) wakes every `interval_s`, drains records resolves their clock marks (CUDA events by `query()`, never by synchronising; records
 whose events are not complete wait in a bounded pending list), turns them into `SpanData`, and hands them
 to a sink:
-- `tracer.local_sink.LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and
+- `tracer.export.local_sink.LocalSink`: OpenTelemetry span processors (batching, OTLP / file export) and
   Prometheus metrics here.
 - the sidecar sink (tracer/sidecar/client.py): ships SpanData over a Unix socket; the sidecar runs a
   LocalSink. This module imports neither the OpenTelemetry SDK nor prometheus_client, so the sidecar path

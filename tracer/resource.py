@@ -1,6 +1,6 @@
 """The resource that identifies a process's telemetry (OpenTelemetry resource attributes), without the SDK.
 
-Both export paths use it: the in-process SDK (`tracer.otel.make_resource`) and the sidecar client, which
+Both export paths use it: the in-process SDK (`tracer.export.otel.make_resource`) and the sidecar client, which
 sends these attributes in its handshake so the sidecar exports the worker's spans under them.
 """
 

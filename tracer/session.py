@@ -1,6 +1,6 @@
 """Wires one process's tracing: clock, ring, pipeline thread, and where the spans go.
 
-Two paths (tracer.otel documents the OTEL_* variables the first one follows):
+Two paths (tracer.export.otel documents the OTEL_* variables the first one follows):
 - local: the OpenTelemetry SDK in this process exports the spans (OTLP from the environment, an
   OTLP/JSON `traces_file`) and a Prometheus catalogue keeps the span-derived metrics;
 - sidecar (`sidecar_socket`): resolved spans go over a Unix socket to `splitscope sidecar`, which exports
@@ -153,8 +153,8 @@ def _local_sink(
     """The in-process SDK export and metrics (imported here: the sidecar path never loads them)."""
     from opentelemetry.sdk.resources import Resource
 
-    from tracer.local_sink import LocalSink, MetricsRecorder
-    from tracer.otel import span_processors
+    from tracer.export.local_sink import LocalSink, MetricsRecorder
+    from tracer.export.otel import span_processors
 
     if processors is None:
         processors = span_processors(

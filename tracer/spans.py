@@ -1,7 +1,7 @@
 """Resolved span data, and the span vocabulary re-exported for its many readers.
 
 `SpanData` is a span whose timing is resolved: plain ints, strings and small dicts, so it can be turned
-into an OpenTelemetry `ReadableSpan` in this process (`tracer.otel.to_readable_span`) or shipped to the
+into an OpenTelemetry `ReadableSpan` in this process (`tracer.export.otel.to_readable_span`) or shipped to the
 sidecar as a positional MessagePack record (tracer/sidecar/wire.py) and turned into one there. Explicit start/end times and ids come
 from the engine's records, never from the SDK's clock.
 

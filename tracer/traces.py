@@ -7,7 +7,7 @@ and a collector reads ours. With `format: proto` the file exporter writes each b
 length followed by that many bytes of a serialized `TracesData` message (wire-identical to
 `ExportTraceServiceRequest`); `iter_records` tells the two apart by the file's first byte, never by its name.
 
-Writing goes through the OpenTelemetry project's own OTLP JSON encoder (`tracer.otel.encode_line`, on the
+Writing goes through the OpenTelemetry project's own OTLP JSON encoder (`tracer.export.otel.encode_line`, on the
 SDK side); reading JSON, here, is a small, fast walk over `orjson.loads` output and needs no OpenTelemetry
 package; reading protobuf records uses the project's generated messages (`opentelemetry-proto`, imported
 only when a protobuf file is read).

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from tracer.advise import hold as hysteresis
 from tracer.advise.build import CARRIED_FITS, DECIDED, advise_files
 from tracer.advise.render import ADVICE_FIELDS, WINDOW_FIELDS, render, to_json
-from tracer.cli import main
+from tracer.cli.main import main
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
 from tracer.report.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces

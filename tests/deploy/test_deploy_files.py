@@ -10,7 +10,7 @@ import click
 import pytest
 import yaml
 
-from reference_server.launch import serve_command
+from reference_server.launch.serve import serve_command
 from tracer.alerts.promtool import promtool_path
 from tracer.alerts.rules import RULES_PATH
 from tracer.dashboards.build import GENERATED_DIR

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from reference_server.process import ServerProcess, free_port
+from reference_server.launch.process import ServerProcess, free_port
 from tests.e2e.live import (
     BackgroundLoad,
     exposed_families,

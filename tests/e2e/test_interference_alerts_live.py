@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_server.process import ServerProcess
+from reference_server.launch.process import ServerProcess
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import PrometheusHandle, running_prometheus
 from tracer.alerts.rules import render_rules_yaml

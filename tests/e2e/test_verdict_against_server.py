@@ -38,9 +38,9 @@ import numpy as np
 import torch
 
 from reference_server.kv_cache import kv_bytes_per_token
-from reference_server.launch import ServeConfig
+from reference_server.launch.process import ServerProcess
+from reference_server.launch.serve import ServeConfig
 from reference_server.model import ModelArgs
-from reference_server.process import ServerProcess
 from tests.slow_link.trace_window import copy_window
 from tracer.load import ClientSLO, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import OptionResult, ReportOptions, build_report

@@ -93,4 +93,4 @@ class ChildProcess:
 
 def splitscope(*args: str) -> list[str]:
     """A `splitscope` command line run from this checkout with the test's interpreter."""
-    return [sys.executable, "-m", "tracer.cli", *args]
+    return [sys.executable, "-m", "tracer.cli.main", *args]

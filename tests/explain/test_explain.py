@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from tests.conftest import REPO_ROOT
 from tests.explain.traces import Traces, ns
-from tracer.cli import main
+from tracer.cli.main import main
 from tracer.explain.build import explain
 from tracer.explain.read import load
 from tracer.explain.select import choose

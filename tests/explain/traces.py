@@ -1,7 +1,7 @@
 """Small hand-built trace files whose causes are known by construction, for explain's unit tests.
 
 Times are seconds after `EPOCH_NS`; spans are written in the OTLP/JSON shape of
-`tracer.report.synthetic.span_dict` (the one `tracer.otel.encode_line` writes).
+`tracer.report.synthetic.span_dict` (the one `tracer.export.otel.encode_line` writes).
 """
 
 from __future__ import annotations

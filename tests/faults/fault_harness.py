@@ -79,7 +79,7 @@ class SidecarProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> SidecarProcess:
-        command = [sys.executable, "-c", "from tracer.cli import main; main()", "sidecar", "--no-gpu", *self.args]
+        command = [sys.executable, "-c", "from tracer.cli.main import main; main()", "sidecar", "--no-gpu", *self.args]
         start_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(

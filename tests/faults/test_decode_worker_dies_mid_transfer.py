@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 
-from reference_server.transfer import KVSender
+from reference_server.kv_transfer import KVSender
 from tests.conftest import wait_for
 from tests.faults.fault_harness import metric_value, unread_bytes_sent_by
 from tests.reference_server.server_harness import Server, sse_events, streamed_token_ids

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tests.conftest import free_port, wait_for
 from tracer import spans as s
-from tracer.otel import CountingBatchSpanProcessor, span_processors, to_readable_span
+from tracer.export.otel import CountingBatchSpanProcessor, span_processors, to_readable_span
 
 RESOURCE = Resource.create({"service.name": "faults"})
 
@@ -158,7 +158,7 @@ class RefusingExporter(SpanExporter):
 
 
 def test_batches_an_exporter_gives_up_on_are_counted_not_lost():
-    from tracer.otel import CountingExporter
+    from tracer.export.otel import CountingExporter
 
     failed = []
     exporter = CountingExporter(RefusingExporter(), failed.append)

@@ -21,7 +21,7 @@ from opentelemetry.sdk.resources import Resource
 
 from tests.conftest import REPO_ROOT
 from tracer import spans as s
-from tracer.otel import to_readable_span
+from tracer.export.otel import to_readable_span
 from tracer.sidecar import wire
 
 SPANS = {"sidecar": 800_000, "otlp-http": 120_000, "otlp-grpc": 120_000}

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from reference_server.process import ServerProcess
+from reference_server.launch.process import ServerProcess
 from tests.reference_server.server_harness import wait_for
 from tracer.load import ClientSLO, LoadConfig, run_load_sync
 from tracer.load.stats import meets_slo

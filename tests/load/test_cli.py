@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import wait_for
-from tracer.cli import main
+from tracer.cli.main import main
 
 
 def _load(*args: str) -> tuple[int, str]:
@@ -150,7 +150,7 @@ def test_ctrl_c_stops_the_schedule_and_keeps_the_results(fake_server, tmp_path: 
         [
             sys.executable,
             "-c",
-            "from tracer.cli import main; main()",
+            "from tracer.cli.main import main; main()",
             "load",
             "--url",
             fake_server.url,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tracer.cli import main
+from tracer.cli.main import main
 from tracer.load.config import ConfigError, LoadConfig, ReplayFormat
 from tracer.load.prompts import PromptFactory
 from tracer.load.replay_formats import HASH_BLOCK_TOKENS, parse_azure_timestamp_ns

@@ -89,7 +89,7 @@ class Server:
         command = [
             sys.executable,
             "-c",
-            "from tracer.cli import main; main()",
+            "from tracer.cli.main import main; main()",
             "serve",
             "--preset",
             "tiny",

@@ -14,7 +14,18 @@ from tracer.vocabulary import Verdict
 
 def test_demo_serves_both_layouts_and_writes_reports(tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-m", "tracer.cli", "demo", "--preset", "tiny", "--duration", "7", "--out", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "tracer.cli.main",
+            "demo",
+            "--preset",
+            "tiny",
+            "--duration",
+            "7",
+            "--out",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=400,

@@ -1,13 +1,13 @@
-"""reference_server.engine_options: what `splitscope serve` is given reaches every worker, field for field,
+"""reference_server.launch.engine_options: what `splitscope serve` is given reaches every worker, field for field,
 through the worker's own command-line parser (the one the worker process runs)."""
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from reference_server.engine_options import EngineOptions
-from reference_server.launch import DEFAULTS, ServeConfig, serve_command, worker_command
-from reference_server.worker import WorkerOptions, parse_args
+from reference_server.launch.engine_options import EngineOptions
+from reference_server.launch.serve import DEFAULTS, ServeConfig, serve_command, worker_command
+from reference_server.serving.worker import WorkerOptions, parse_args
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 
 # A value for every engine setting, each unlike its default, so a setting the launcher forgot to pass

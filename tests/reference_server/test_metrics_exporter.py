@@ -104,7 +104,7 @@ def test_a_dead_exporter_is_reported_once_and_the_server_serves_on(tmp_path):
 
 def test_exporter_port_with_a_sidecar_socket_is_refused_in_one_line():
     result = subprocess.run(
-        [sys.executable, "-m", "tracer.cli", "serve", "--exporter-port", "0", "--sidecar-socket", "/tmp/x.sock"],
+        [sys.executable, "-m", "tracer.cli.main", "serve", "--exporter-port", "0", "--sidecar-socket", "/tmp/x.sock"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,

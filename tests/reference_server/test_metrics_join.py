@@ -1,4 +1,4 @@
-"""The router's /metrics join (reference_server.metrics_proxy): every process's series kept apart, nothing
+"""The router's /metrics join (reference_server.serving.metrics_proxy): every process's series kept apart, nothing
 summed, one valid exposition, checked by prometheus_client's strict OpenMetrics parser and by Prometheus's
 own text parser (promtool)."""
 
@@ -11,8 +11,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from reference_server.metrics_proxy import join_expositions
-from tracer.exposition import exposition
+from reference_server.serving.metrics_proxy import join_expositions
+from tracer.export.exposition import exposition
 from tracer.metrics import Catalogue, exemplar
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

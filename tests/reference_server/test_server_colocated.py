@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from reference_server.router import Endpoint, sticky
+from reference_server.serving.router import Endpoint, sticky
 from tests.reference_server.server_harness import (
     Server,
     http,

@@ -7,7 +7,7 @@ import json
 import os
 import signal
 
-from reference_server.router import Endpoint, sticky
+from reference_server.serving.router import Endpoint, sticky
 from tests.reference_server.server_harness import (
     Server,
     pid_alive,

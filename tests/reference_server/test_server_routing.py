@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reference_server.openai_api import ApiError, Limits, parse_chat, parse_completion
-from reference_server.router import Endpoint, least_loaded, sticky
+from reference_server.serving.openai_api import ApiError, Limits, parse_chat, parse_completion
+from reference_server.serving.router import Endpoint, least_loaded, sticky
 from tracer.spans import OPERATION_CHAT
 
 
@@ -186,7 +186,7 @@ def test_parse_chat_names_the_bad_field(body, param):
 def test_serve_refuses_bad_flags_with_one_clear_line(args, message):
     from click.testing import CliRunner
 
-    from reference_server.launch import serve_command
+    from reference_server.launch.serve import serve_command
 
     result = CliRunner().invoke(serve_command, args)
     assert result.exit_code == 2 and message in result.output, result.output

@@ -1,4 +1,4 @@
-"""TextStream: whole characters only, stop strings cut streaming-safe (reference_server.text_stream).
+"""TextStream: whole characters only, stop strings cut streaming-safe (reference_server.serving.text_stream).
 
 The oracle is plain string slicing of decoded prefixes. A stop ends the answer when it completes, as an
 engine stops generating then: at the first push after which the text decoded so far (whole characters)
@@ -13,7 +13,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference_server.text_stream import TextStream
+from reference_server.serving.text_stream import TextStream
 from reference_server.tokenizer import decode, encode
 
 

@@ -17,16 +17,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_server.transfer import (
+from reference_server.kv_transfer import (
     TOKEN_ENV_VAR,
     KVReceiver,
     KVSender,
     KVTransferError,
     ReceiveInfo,
 )
-from reference_server.transfer_clock import best_estimate, offset_and_delay_ns
-from reference_server.transfer_pool import batched, consecutive_runs, layout_of
-from reference_server.transfer_wire import (
+from reference_server.kv_transfer.clock import best_estimate, offset_and_delay_ns
+from reference_server.kv_transfer.pool import batched, consecutive_runs, layout_of
+from reference_server.kv_transfer.wire import (
     MAGIC,
     MAX_HEADER_BYTES,
     BlockLayout,

@@ -21,8 +21,8 @@ from prometheus_client import CollectorRegistry
 import tracer.report.tables as tables
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
+from tracer.export.otel import OtlpJsonFileExporter
 from tracer.metrics import Catalogue
-from tracer.otel import OtlpJsonFileExporter
 from tracer.report.synthetic import TraceOptions, scenario, write_traces
 from tracer.report.tables import TraceData, TraceDataError, load_traces
 from tracer.traces import ReadStats, TraceFileError, iter_spans
@@ -287,7 +287,7 @@ def test_the_cli_says_what_is_wrong_with_a_bad_file_in_one_line(tmp_path):
         [
             sys.executable,
             "-c",
-            "from tracer.cli import main; main()",
+            "from tracer.cli.main import main; main()",
             "report",
             str(path),
             "--slo-ttft",

@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner
 
-from tracer.cli_options import parse_duration_s
+from tracer.cli.options import parse_duration_s
 from tracer.report.cli import report_command
 
 
@@ -57,7 +57,7 @@ def test_markdown_to_stdout_states_verdict_and_assumptions(scenario_traces):
 
 def _splitscope(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", "from tracer.cli import main; main()", "report", *args],
+        [sys.executable, "-c", "from tracer.cli.main import main; main()", "report", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference_server.process import ServerProcess
+from reference_server.launch.process import ServerProcess
 from tracer.load import BurstSpec, ClientSLO, LengthSpec, LoadConfig, run_load_sync
 from tracer.report.build import ReportOptions, report_from_data
 from tracer.report.simulate import SLO

@@ -44,7 +44,7 @@ class SidecarProcess:
         command = [
             sys.executable,
             "-m",
-            "tracer.cli",
+            "tracer.cli.main",
             "sidecar",
             "--http-port",
             "0",

@@ -19,11 +19,11 @@ from opentelemetry.proto.collector.trace.v1 import (
     trace_service_pb2,
 )
 
-from reference_server import transfer_wire
-from reference_server.launch import ServeConfig, worker_command
-from reference_server.transfer import TOKEN_ENV_VAR
-from reference_server.transfer_wire import read_frame, send_frame
-from reference_server.worker import WorkerOptions
+from reference_server.kv_transfer import TOKEN_ENV_VAR
+from reference_server.kv_transfer import wire as transfer_wire
+from reference_server.kv_transfer.wire import read_frame, send_frame
+from reference_server.launch.serve import ServeConfig, worker_command
+from reference_server.serving.worker import WorkerOptions
 from tests.conftest import REPO_ROOT
 from tests.reference_server.server_harness import Server, http
 from tests.security.listeners import descendants, listening
@@ -93,7 +93,7 @@ def test_worker_beyond_loopback_without_token_refuses_to_start(role: str) -> Non
     command = [
         sys.executable,
         "-m",
-        "reference_server.worker",
+        "reference_server.serving.worker",
         "--role",
         role,
         "--name",
@@ -113,7 +113,7 @@ def test_sidecar_beyond_loopback_without_token_refuses_to_start() -> None:
     command = [
         sys.executable,
         "-m",
-        "tracer.cli",
+        "tracer.cli.main",
         "sidecar",
         "--host",
         "0.0.0.0",
@@ -136,7 +136,7 @@ def test_worker_beyond_loopback_with_token_refuses_peers_without_it(tmp_path) ->
     command = [
         sys.executable,
         "-m",
-        "reference_server.worker",
+        "reference_server.serving.worker",
         "--role",
         "decode",
         "--name",

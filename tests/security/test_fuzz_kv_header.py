@@ -19,13 +19,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference_server.transfer import (
+from reference_server.kv_transfer import (
     FAILURE_REASONS,
     TOKEN_ENV_VAR,
     KVSender,
     KVTransferError,
 )
-from reference_server.transfer_wire import MAGIC, MAX_HEADER_BYTES, read_frame
+from reference_server.kv_transfer.wire import MAGIC, MAX_HEADER_BYTES, read_frame
 from tests.reference_server.test_transfer import (
     JSON_VALUES,
     Side,

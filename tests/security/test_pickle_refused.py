@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from reference_server.transfer_wire import MAGIC
+from reference_server.kv_transfer.wire import MAGIC
 from tests.conftest import REPO_ROOT
 from tests.reference_server.server_harness import Server, http
 from tests.security.listeners import descendants, listening

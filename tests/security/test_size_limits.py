@@ -15,9 +15,9 @@ from http.client import HTTPConnection
 
 import grpc
 
-from reference_server.router import DEFAULT_MAX_BODY_BYTES as ROUTER_MAX_BODY_BYTES
-from reference_server.transfer_wire import MAGIC, MAX_HEADER_BYTES, read_frame
-from reference_server.worker import MAX_BODY_BYTES as WORKER_MAX_BODY_BYTES
+from reference_server.kv_transfer.wire import MAGIC, MAX_HEADER_BYTES, read_frame
+from reference_server.serving.router import DEFAULT_MAX_BODY_BYTES as ROUTER_MAX_BODY_BYTES
+from reference_server.serving.worker import MAX_BODY_BYTES as WORKER_MAX_BODY_BYTES
 from tests.reference_server.server_harness import Server, http
 from tests.security.processes import (
     SIDECAR_MAX_BODY_BYTES,

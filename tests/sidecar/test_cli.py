@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from tests.conftest import free_port
 from tests.sidecar.conftest import http_get, spans_when, wait_for
-from tracer.cli import main
+from tracer.cli.main import main
 from tracer.sidecar.auth import TOKEN_ENV
 from tracer.sidecar.client import SidecarSink
 from tracer.spans import SpanData
@@ -49,7 +49,7 @@ def test_runs_as_a_process_serves_metrics_ingests_and_stops_on_sigterm(tmp_path)
         [
             sys.executable,
             "-c",
-            "from tracer.cli import main; main()",
+            "from tracer.cli.main import main; main()",
             "sidecar",
             "--http-port",
             str(http_port),

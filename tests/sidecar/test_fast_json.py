@@ -1,4 +1,4 @@
-"""The fast OTLP/JSON line encoder writes exactly what tracer.otel.encode_line writes."""
+"""The fast OTLP/JSON line encoder writes exactly what tracer.export.otel.encode_line writes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracer import spans as s
-from tracer.otel import encode_line, make_resource, to_readable_span
+from tracer.export.otel import encode_line, make_resource, to_readable_span
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 
 RESOURCE = make_resource("svc", {"deployment.environment": "test", "ports": [1, 2]})

@@ -179,7 +179,7 @@ def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_
 
 
 def test_the_report_reads_a_pd_pair_as_one_request_the_client_saw(tmp_path):
-    from tracer.otel import encode_line, make_resource, to_readable_span
+    from tracer.export.otel import encode_line, make_resource, to_readable_span
     from tracer.report.tables import load_traces
 
     p, prefill_side, d, decode_side = _pd_pair()

@@ -27,15 +27,15 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from reference_server.launch import (
+from reference_server.kv_transfer import TOKEN_ENV_VAR
+from reference_server.launch.ready_line import parse_ready_line
+from reference_server.launch.serve import (
     ServeConfig,
     WorkerProcess,
     stop_workers,
     worker_command,
 )
-from reference_server.ready_line import parse_ready_line
-from reference_server.router import Endpoint, Router
-from reference_server.transfer import TOKEN_ENV_VAR
+from reference_server.serving.router import Endpoint, Router
 from tests.slow_link.netns import Side, VethLink
 from tracer import start_tracing
 

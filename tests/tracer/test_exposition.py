@@ -12,7 +12,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as openmetr
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 
-from tracer.exposition import Exposition
+from tracer.export.exposition import Exposition
 from tracer.metrics import Catalogue, exemplar
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"

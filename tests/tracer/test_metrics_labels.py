@@ -7,8 +7,8 @@ from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from reference_server.launch import serve_command, with_namespace
-from tracer.exposition import exposition
+from reference_server.launch.serve import serve_command, with_namespace
+from tracer.export.exposition import exposition
 from tracer.metrics import Catalogue, deployment_namespace, process_labels
 
 

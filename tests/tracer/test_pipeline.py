@@ -17,10 +17,10 @@ from prometheus_client.openmetrics.exposition import (
 from tests.conftest import wait_for
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
-from tracer.gpu import GpuSampler
-from tracer.local_sink import MetricsRecorder
+from tracer.export.gpu import GpuSampler
+from tracer.export.local_sink import MetricsRecorder
+from tracer.export.otel import otlp_exporter_from_env, to_readable_span
 from tracer.metrics import Catalogue
-from tracer.otel import otlp_exporter_from_env, to_readable_span
 from tracer.pipeline import SpanBuilder
 from tracer.records import KIND_REQUEST, KIND_STEP, RequestRecord
 from tracer.slo_outcome import RequestSlo

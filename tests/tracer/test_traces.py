@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from tracer.otel import OtlpJsonFileExporter, encode_line
+from tracer.export.otel import OtlpJsonFileExporter, encode_line
 from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, TraceFileError, iter_spans
 
 

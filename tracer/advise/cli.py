@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracer.cli_options import Duration
+from tracer.cli.options import Duration
 from tracer.report.cli import report_command
 
 # The report's SLO and layout options, shared as they are (same names, types, defaults and help).

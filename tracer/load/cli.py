@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from tracer.cli_options import Duration
+from tracer.cli.options import Duration
 from tracer.load.config import BurstSpec, ClientSLO, ConfigError, LengthSpec, LoadConfig, ReplayFormat
 from tracer.load.display import LiveView, summary_tables
 from tracer.load.results import LoadResult

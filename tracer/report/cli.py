@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracer.cli_options import Duration
+from tracer.cli.options import Duration
 
 
 @click.command("report")

@@ -6,7 +6,7 @@ deployment would record under architecture.md §4: a root `text_completion {mode
 queue / prefill / kv_transfer(.send/.recv) / decode children, and one `splitscope.step` span per engine
 iteration per worker. The report must recover the costs by fitting these spans; it never sees the model.
 
-Lines are written directly as the collector's JSON shape (what `tracer.otel.encode_line` produces for
+Lines are written directly as the collector's JSON shape (what `tracer.export.otel.encode_line` produces for
 SDK spans; a test holds the two equal) because the SDK objects are too slow for a million spans.
 Blocking file I/O.
 """

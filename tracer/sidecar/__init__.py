@@ -12,7 +12,7 @@
     sglang.py        SGLang's request trace slices -> our stage spans
     engine_metrics.py  mapping tables: vLLM / SGLang / Dynamo metric families -> our catalogue
     scrape.py        a prometheus_client Collector that scrapes an engine and re-yields our names
-    fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.otel.encode_line
+    fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.export.otel.encode_line
     export.py        the export thread: adapters, metrics, file and OTLP export
     server.py        wires all of the above into one running sidecar
     main.py          `splitscope sidecar`

@@ -18,7 +18,7 @@ when the queue is idle), on this thread.
 
 Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
 drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
-the SDK's BatchSpanProcessor behind a `tracer.local_sink.LocalSink` per resource. Runs on one daemon thread;
+the SDK's BatchSpanProcessor behind a `tracer.export.local_sink.LocalSink` per resource. Runs on one daemon thread;
 an exception in one batch is logged and the thread goes on.
 """
 
@@ -32,7 +32,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from tracer import spans as s
-from tracer.local_sink import LocalSink, MetricsRecorder
+from tracer.export.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.overlap import OverlapClassifier

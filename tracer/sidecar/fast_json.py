@@ -1,6 +1,6 @@
 """SpanData -> one OTLP/JSON line, without building SDK spans: the sidecar's file-export fast path.
 
-The output is byte-for-byte what `tracer.otel.encode_line([to_readable_span(d, resource) ...])` writes
+The output is byte-for-byte what `tracer.export.otel.encode_line([to_readable_span(d, resource) ...])` writes
 for the same spans (tests/sidecar/test_fast_json.py checks it), about ten times faster: the resource and
 scope prefix is encoded once per resource, and attribute key/value fragments that repeat (pool, worker,
 timing source, ...) come from a bounded memo. One difference by design: span kinds CLIENT, PRODUCER and

@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client import CollectorRegistry
 
 from tracer.auth import bearer_ok
-from tracer.exposition import Exposition
+from tracer.export.exposition import Exposition
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_decode import OtlpDecodeError, decode_json, decode_protobuf
 

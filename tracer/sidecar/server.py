@@ -22,9 +22,9 @@ from wsgiref.simple_server import WSGIServer
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from tracer.gpu import GpuSampler
+from tracer.export.gpu import GpuSampler
+from tracer.export.otel import span_processors
 from tracer.metrics import NAMESPACE_LABEL, Catalogue, serve_metrics
-from tracer.otel import span_processors
 from tracer.resource import env_resource_attributes
 from tracer.sidecar.auth import token_for
 from tracer.sidecar.export import SpanExport

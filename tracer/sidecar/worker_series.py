@@ -4,7 +4,7 @@ A worker that ships to the sidecar names itself in its resource (`splitscope.wor
 `service.namespace`). Its spans are metered into a catalogue of its own, and its metrics snapshots (the
 gauges and counters it sets itself: queue depth, KV cache use, drops; wire.py) land in the same catalogue.
 On /metrics every series of that catalogue carries `worker` and `namespace`, so the sidecar exposes exactly
-the series the router's join of its workers' expositions does (reference_server/metrics_proxy.py), and
+the series the router's join of its workers' expositions does (reference_server/serving/metrics_proxy.py), and
 rules and dashboards read either the same way. Nothing is summed across processes.
 
 Sources without a worker name (the router, OTLP from engines) keep the sidecar's own catalogue, as before,
@@ -31,7 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from tracer.local_sink import MetricsRecorder
+from tracer.export.local_sink import MetricsRecorder
 from tracer.metrics import NAMESPACE_LABEL, WORKER_LABEL, Catalogue
 from tracer.sidecar.wire import MetricsSnapshot
 from tracer.vocabulary import ATTR_WORKER, RESOURCE_SERVICE_NAMESPACE

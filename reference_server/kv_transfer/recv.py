@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from reference_server.transfer_pool import pool_bytes
-from reference_server.transfer_wire import (
+from reference_server.kv_transfer.pool import pool_bytes
+from reference_server.kv_transfer.wire import (
     ABORTED,
     PAYLOAD_BATCH_BYTES,
     TOKEN_ENV_VAR,

@@ -46,12 +46,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from reference_server import openai_api as api
-from reference_server.metrics_proxy import joined_exposition
-from reference_server.text_stream import TextStream
-from reference_server.transfer_wire import token_from_env
+from reference_server.kv_transfer.wire import token_from_env
+from reference_server.serving import openai_api as api
+from reference_server.serving.metrics_proxy import joined_exposition
+from reference_server.serving.text_stream import TextStream
 from tracer import TraceContext, TracingSession
-from tracer.exposition import Exposition
+from tracer.export.exposition import Exposition
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns

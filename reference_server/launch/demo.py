@@ -25,8 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from reference_server.launch import ServeConfig
-from reference_server.process import ServerProcess
+from reference_server.launch.process import ServerProcess
+from reference_server.launch.serve import ServeConfig
 from tracer.load import (
     BurstSpec,
     ClientSLO,

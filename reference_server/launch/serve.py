@@ -1,6 +1,6 @@
 """`splitscope serve`: start the worker processes, run the router, stop everything on Ctrl-C / SIGTERM.
 
-The launcher (this process) starts one `python -m reference_server.worker` per worker, each binding
+The launcher (this process) starts one `python -m reference_server.serving.worker` per worker, each binding
 free ports and announcing them on its stdout (`SPLITSCOPE_WORKER_READY {json}`), then runs the router
 (aiohttp) on `--port` in its own event loop. Layouts: `colocated` / `chunked` with `--workers N`, or
 `disaggregated` with `--prefill-workers P --decode-workers D`.
@@ -26,14 +26,14 @@ from typing import Any
 
 import click
 
-from reference_server.engine_options import EngineOptions, worker_argv
-from reference_server.metrics_exporter import Exporter, start_exporter, stop_exporter
-from reference_server.process_guard import forward_output, terminate
-from reference_server.ready_line import parse_ready_line
+from reference_server.launch.engine_options import EngineOptions, worker_argv
+from reference_server.launch.metrics_exporter import Exporter, start_exporter, stop_exporter
+from reference_server.launch.process_guard import forward_output, terminate
+from reference_server.launch.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
-log = logging.getLogger("reference_server.launch")
+log = logging.getLogger("reference_server.launch.serve")
 
 STOP_GRACE_S = 10.0
 
@@ -119,7 +119,7 @@ def worker_command(config: ServeConfig, role: str, name: str, threads: int) -> l
     return [
         sys.executable,
         "-m",
-        "reference_server.worker",
+        "reference_server.serving.worker",
         "--role",
         role,
         "--name",
@@ -209,9 +209,9 @@ async def _serve(
     from aiohttp import web
     from prometheus_client import CollectorRegistry
 
-    from reference_server.router import Endpoint, Router
+    from reference_server.serving.router import Endpoint, Router
     from tracer import start_tracing
-    from tracer.gpu import GpuSampler
+    from tracer.export.gpu import GpuSampler
     from tracer.slo_outcome import RequestSlo
 
     tracing = start_tracing(

@@ -48,7 +48,7 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
 
     def start(self) -> ServerProcess:
-        command = [sys.executable, "-m", "tracer.cli", "serve", "--port", str(self.port), *self.args]
+        command = [sys.executable, "-m", "tracer.cli.main", "serve", "--port", str(self.port), *self.args]
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         try:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Union
 
 import torch
 
-from reference_server.transfer_wire import ALLOWED_DTYPES, BlockLayout
+from reference_server.kv_transfer.wire import ALLOWED_DTYPES, BlockLayout
 
 _DTYPE_NAMES = {getattr(torch, name): name for name in ALLOWED_DTYPES if hasattr(torch, name)}
 DEFAULT_MAX_RUN_BYTES = 64 << 20

@@ -11,7 +11,7 @@ The launcher starts it before anything else, reads its listening line from stder
 when PORT is 0) and forwards the rest of its output; `stop` SIGTERMs it last, after the router and workers
 flushed into it. If it dies while the server runs, the launcher logs one error and serving goes on: the
 processes buffer their spans for it and count what they drop
-(`splitscope_tracer_dropped_records_total{reason="sidecar_unreachable"}` on the router's own /metrics). Run as `python -m reference_server.metrics_exporter LAUNCHER_PID SIDECAR_ARGS...`, the
+(`splitscope_tracer_dropped_records_total{reason="sidecar_unreachable"}` on the router's own /metrics). Run as `python -m reference_server.launch.metrics_exporter LAUNCHER_PID SIDECAR_ARGS...`, the
 child lowers its own priority and dies with the launcher before it becomes the sidecar.
 """
 
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from reference_server.process_guard import die_with_parent, forward_output, terminate
+from reference_server.launch.process_guard import die_with_parent, forward_output, terminate
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def exporter_command(socket_path: str, host: str, port: int, traces_file: str | 
     """The child's command line: this module, then `splitscope sidecar` flags (Unix socket in, /metrics out)."""
     sidecar = ["--socket", socket_path, "--no-http", "--no-grpc", "--no-gpu", "--mode", mode]
     sidecar += ["--host", host, "--metrics-port", str(port), *(["--traces-file", traces_file] if traces_file else [])]
-    return [sys.executable, "-m", "reference_server.metrics_exporter", str(os.getpid()), *sidecar]
+    return [sys.executable, "-m", "reference_server.launch.metrics_exporter", str(os.getpid()), *sidecar]
 
 
 async def start_exporter(host: str, port: int, traces_file: str | None, mode: str, timeout_s: float) -> Exporter:

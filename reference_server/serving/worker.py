@@ -1,6 +1,6 @@
 """One engine process: its internal HTTP API, the engine thread, KV transfer, tracing and metrics.
 
-Started by the launcher as `python -m reference_server.worker --role ROLE --name NAME ...`. It binds its
+Started by the launcher as `python -m reference_server.serving.worker --role ROLE --name NAME ...`. It binds its
 HTTP port (and, for a decode worker, its KV receiver) on free ports, then prints one line to stdout,
 `SPLITSCOPE_WORKER_READY {json}` with the addresses, and serves until SIGTERM/SIGINT (or its launcher
 dies: `process_guard`). Logs go to stderr.
@@ -50,20 +50,20 @@ from reference_server.engine import (
     Engine,
     default_kv_blocks,
 )
-from reference_server.engine_options import EngineOptions, flag_of
 from reference_server.kv_cache import KVCachePool, kv_bytes_per_token
+from reference_server.kv_transfer.wire import TOKEN_ENV_VAR, token_from_env
+from reference_server.launch.engine_options import EngineOptions, flag_of
+from reference_server.launch.process_guard import die_with_parent
+from reference_server.launch.ready_line import ready_line
 from reference_server.model import ModelArgs, build_model
-from reference_server.process_guard import die_with_parent
-from reference_server.ready_line import ready_line
 from reference_server.scheduler import QueueFull, Request, RequestRejected
 from reference_server.tokenizer import EOS_ID, encode
-from reference_server.transfer_wire import TOKEN_ENV_VAR, token_from_env
 from tracer import TraceContext, start_tracing
 from tracer.auth import bearer_ok, check_bind_token
-from tracer.exposition import Exposition
+from tracer.export.exposition import Exposition
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
 
-log = logging.getLogger("reference_server.worker")
+log = logging.getLogger("reference_server.serving.worker")
 
 ROLES = ("colocated", "chunked", "prefill", "decode")
 MAX_BODY_BYTES = 4 << 20  # a max_seq_len prompt as JSON token ids fits many times over
@@ -174,7 +174,7 @@ class Worker:
         # timeline in this process, and the offset the sender measures is the one between the two tracers.
         wall_ns = getattr(clock, "wall_ns", time.time_ns)
         if options.role == "decode":
-            from reference_server.transfer import KVReceiver
+            from reference_server.kv_transfer import KVReceiver
 
             self.receiver = KVReceiver(
                 self.kv_pool.tensor,
@@ -187,8 +187,8 @@ class Worker:
             )
             self.engine.kv_address = options.name
         elif options.role == "prefill":
-            from reference_server.handoff import KVHandoff
-            from reference_server.transfer import KVSender
+            from reference_server.kv_transfer import KVSender
+            from reference_server.kv_transfer.handoff import KVHandoff
 
             self.sender = KVSender(streams=options.kv_streams, clock_ns=wall_ns)
             self.handoff = KVHandoff(
@@ -361,7 +361,7 @@ class Worker:
         except asyncio.CancelledError:
             self.engine.abort(req.request_id, ABORT_CLIENT_DISCONNECTED)
             raise
-        from reference_server.handoff import EVENT_TRANSFERRED
+        from reference_server.kv_transfer.handoff import EVENT_TRANSFERRED
 
         kind = event[0]
         if kind == EVENT_TRANSFERRED:
@@ -464,7 +464,9 @@ class EngineFailed(RuntimeError):
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
-    parser = argparse.ArgumentParser(prog="python -m reference_server.worker", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m reference_server.serving.worker", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--role", required=True, choices=ROLES)
     parser.add_argument("--name", required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process (the launcher) exits")

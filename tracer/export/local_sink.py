@@ -12,8 +12,8 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from tracer import spans as s
+from tracer.export.otel import to_readable_span
 from tracer.metrics import Catalogue, WorkerMetrics, exemplar
-from tracer.otel import to_readable_span
 
 
 class MetricsRecorder:

@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from reference_server.transfer_clock import ClockEstimate, best_estimate
-from reference_server.transfer_pool import PoolBytes, pool_bytes
-from reference_server.transfer_wire import (
+from reference_server.kv_transfer.clock import ClockEstimate, best_estimate
+from reference_server.kv_transfer.pool import PoolBytes, pool_bytes
+from reference_server.kv_transfer.wire import (
     ABORTED,
     MAX_REQUEST_ID_CHARS,
     MAX_STREAMS,

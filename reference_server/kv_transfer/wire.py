@@ -13,8 +13,8 @@ One KV stream, sender S and receiver R (each stream is one TCP connection)::
 
 Clock exchange on the same connections: ``clock {t0}`` answered by ``clock_reply {t1, t2}``.
 
-This module does framing and validation only; threads, connections and pools live in transfer_send.py
-and transfer_recv.py.
+This module does framing and validation only; threads, connections and pools live in send.py
+and recv.py.
 It does not import torch.
 """
 

@@ -12,8 +12,8 @@ import click
 
 # name -> ("module:attribute" of a click command or group, the extra that installs what it needs).
 _SUBCOMMANDS = {
-    "demo": ("reference_server.demo:demo_command", "server"),
-    "serve": ("reference_server.launch:serve_command", "server"),
+    "demo": ("reference_server.launch.demo:demo_command", "server"),
+    "serve": ("reference_server.launch.serve:serve_command", "server"),
     "load": ("tracer.load.cli:load_command", "load"),
     "sidecar": ("tracer.sidecar.main:sidecar_command", "sidecar"),
     "report": ("tracer.report.cli:report_command", "report"),

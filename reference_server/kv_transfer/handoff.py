@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from reference_server.engine import EVENT_ERROR, KV_REFUSED, Deliver, Engine, Tracked, kv_attributes
-from reference_server.transfer import KVSender, KVTransferError
-from reference_server.transfer_wire import ABORTED
+from reference_server.kv_transfer import KVSender, KVTransferError
+from reference_server.kv_transfer.wire import ABORTED
 from tracer import spans as s
 
 log = logging.getLogger(__name__)
