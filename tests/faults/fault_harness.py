@@ -27,7 +27,16 @@ SIDECAR_START_TIMEOUT_S = 60.0
 # What every outage test holds a server to: throughput with its telemetry backend down, as a fraction of a
 # healthy twin's on the same interleaved workload; and the allocator slack allowed on top of the bytes the
 # outage may legitimately buffer before RSS growth counts as a leak.
-MIN_THROUGHPUT_RATIO = 0.95
+#
+# Two bounds. The product's target is 95% (TARGET_THROUGHPUT_RATIO), measured by bench/fault_throughput.py
+# with long phases on a quiet machine and recorded in bench/RESULTS.md. A test on a shared 2-core machine
+# cannot judge 5%: two like servers with healthy telemetry (an A/A run, no fault at all) measured 0.91-1.01
+# over these slices beside four other busy processes, and a full-suite run beside a busy core once printed
+# 0.87. So the test asserts what a test can: no stall. A telemetry fault that blocks the hot path (a send
+# or connect waiting on a dead peer) costs serving far more than 20%; one that merely adds work shows in
+# the bench.
+TARGET_THROUGHPUT_RATIO = 0.95
+MIN_THROUGHPUT_RATIO = 0.80
 SERVER_RSS_SLACK_BYTES = 48 << 20
 TCP_ESTABLISHED = 0x01
 TCP_LISTEN = 0x0A
@@ -238,11 +247,12 @@ def midmean_tokens_per_s(results: list[RoundResult]) -> float:
     return sum(middle) / len(middle)
 
 
-def interleaved(healthy: Server, faulted: Server, *, slices: int = 12, slice_s: float = 0.75) -> Phase:
+def interleaved(healthy: Server, faulted: Server, *, slices: int = 8, slice_s: float = 0.75) -> Phase:
     """Load one server, then the other, in short alternating slices (ABBA), so that the shared machine's
     changing load falls on both alike; a slow drift cancels, and a fault that costs serving time shows.
-    Twelve slices: with six, one full-suite run on an otherwise idle machine measured 91.5% in both
-    directions for a server that holds 95%+ run alone (a 4.5 s sample per server is one pause away)."""
+    Eight slices for the tests' no-stall bound (MIN_THROUGHPUT_RATIO); bench/fault_throughput.py takes
+    many more against the 95% target (with six, one full-suite run on an otherwise idle machine measured
+    91.5% in both directions for a server that holds 95%+ run alone)."""
     phase = Phase()
     for i in range(slices):
         order = (
