@@ -132,6 +132,15 @@ ATTR_DECODE_ITL_P50_S = "splitscope.decode.itl_p50_s"
 ATTR_DECODE_ITL_P99_S = "splitscope.decode.itl_p99_s"
 ATTR_DECODE_ITL_MAX_S = "splitscope.decode.itl_max_s"
 ATTR_DECODE_STALLS = "splitscope.decode.stalls"
+# On the decode span, built off the hot path from the worker's step records (tracer/pipeline.py): the
+# time of its stall gaps, summed (ns), and span links to the prefill spans that ran in the steps that
+# ended them, at most MAX_STALL_LINKS (tracer.pipeline), the largest first; the rest are counted.
+ATTR_DECODE_STALLED_NS = "splitscope.decode.stalled_ns"
+ATTR_DECODE_STALL_LINKS_DROPPED = "splitscope.decode.stall_links_dropped"
+# On each such link: the stall time that prefill's tokens took (its share of each stalled step by
+# prompt tokens in that step, ns), and its prompt tokens in those steps.
+ATTR_LINK_STALLED_NS = "splitscope.link.stalled_ns"
+ATTR_LINK_PREFILL_TOKENS = "splitscope.link.prefill_tokens"
 ATTR_STEP_DECODE_REQUESTS = "splitscope.step.decode_requests"
 ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
 ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"

@@ -135,6 +135,9 @@ class Iteration:
     context_tokens: int
     prefill_tokens: int
     attention_tokens2: int
+    # The ground truth `splitscope explain` is checked against: (request index, prompt tokens it
+    # prefilled in this iteration) for every prompt or chunk the iteration ran, in batch order.
+    prefills: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -343,11 +346,14 @@ class _Engine:
             self.running += admitted
             self.context += admitted_context
             joined: list[Request] = []
+            ran: list[tuple[int, int]] = []
             prefill_tokens = attention = 0
         elif self.role == "chunked":
-            joined, prefill_tokens, attention = _plan_chunks(self.waiting, self.running, self.deployment, now)
+            joined, ran, attention = _plan_chunks(self.waiting, self.running, self.deployment, now)
+            prefill_tokens = sum(tokens for _, tokens in ran)
         else:  # whole prompts
-            joined, prefill_tokens, attention = _plan_whole_prompts(self.waiting, self.running, self.deployment, now)
+            joined, ran, attention = _plan_whole_prompts(self.waiting, self.running, self.deployment, now)
+            prefill_tokens = sum(tokens for _, tokens in ran)
         if not self.running and not prefill_tokens:  # nothing to run until the next arrival
             if self.inbox:
                 self.now = max(now, self.inbox[0][0])
@@ -358,7 +364,7 @@ class _Engine:
         end = now + seconds
         if self.iterations is not None:
             self.iterations.append(
-                Iteration(self.pool, self.worker, now, end, self.running, self.context, prefill_tokens, attention)
+                Iteration(self.pool, self.worker, now, end, self.running, self.context, prefill_tokens, attention, ran)
             )
         self.ends.append(end)
         self._finish_iteration(here, end, joined)
@@ -414,11 +420,13 @@ def _admit_decode(
 
 def _plan_chunks(
     waiting: deque[Request], running: int, deployment: Deployment, now: float
-) -> tuple[list[Request], int, int]:
+) -> tuple[list[Request], list[tuple[int, int]], int]:
     """Chunked prefill: the token budget left after the running decodes, spent on the queue in order.
-    Returns (requests whose prompt finishes in this iteration, prefill tokens, attention tokens squared)."""
+    Returns (requests whose prompt finishes in this iteration, (request index, chunk tokens) of every
+    chunk it runs, attention tokens squared)."""
     joined: list[Request] = []
-    prefill_tokens = attention = 0
+    ran: list[tuple[int, int]] = []
+    attention = 0
     left = deployment.budget_tokens - running
     for request in waiting:
         if left <= 0 or running + len(joined) >= deployment.max_running:
@@ -429,21 +437,22 @@ def _plan_chunks(
         attention += (request.prefilled + chunk) ** 2 - request.prefilled**2
         request.prefilled += chunk
         request.chunks += 1
-        prefill_tokens += chunk
+        ran.append((request.index, chunk))
         left -= chunk
         if request.prefilled == request.prompt_tokens:
             joined.append(request)
     for _ in joined:  # first come first served: the finished prompts are the front of the queue
         waiting.popleft()
-    return joined, prefill_tokens, attention
+    return joined, ran, attention
 
 
 def _plan_whole_prompts(
     waiting: deque[Request], running: int, deployment: Deployment, now: float
-) -> tuple[list[Request], int, int]:
+) -> tuple[list[Request], list[tuple[int, int]], int]:
     """Whole prompts (colocated, prefill workers) up to max_prefill_tokens, at least one. Returns as
     _plan_chunks."""
     joined: list[Request] = []
+    ran: list[tuple[int, int]] = []
     prefill_tokens = attention = 0
     while waiting and running + len(joined) < deployment.max_running:
         request = waiting[0]
@@ -456,7 +465,8 @@ def _plan_whole_prompts(
         prefill_tokens += request.prompt_tokens
         attention += request.prompt_tokens**2
         joined.append(request)
-    return joined, prefill_tokens, attention
+        ran.append((request.index, request.prompt_tokens))
+    return joined, ran, attention
 
 
 def _start_decoding(request: Request, iteration: int, leaving: list[tuple[int, int, Request]]) -> None:

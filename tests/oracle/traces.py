@@ -1,7 +1,9 @@
 """What an oracle run looks like to `splitscope report`: OTLP/JSON lines in two shapes.
 
 - `write_full`: our full shape (architecture.md §4): a root `text_completion {model}` span per request with
-  queue / prefill / kv_transfer(.send) / decode children, and a `splitscope.step` span per iteration.
+  queue / prefill / kv_transfer(.send) / decode children, and a `splitscope.step` span per iteration;
+  optionally the decode span's stall events and its links to the prefills that ran in its stalled
+  steps, from the oracle's own knowledge of which prompts each iteration ran (`Iteration.prefills`).
 - `vllm_request_lines`: what stock vLLM emits, one `llm_request` SERVER span per request with its
   latency attributes and token counts and nothing else (no steps, no inter-token figures); the tests
   send these through a real sidecar per engine, which adds our stage spans; `vllm_pd_lines`: the same
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tests.oracle.engine import Run
+from tests.oracle.engine import Iteration, Request, Run
 from tracer import vocabulary as v
 from tracer.sidecar import vllm
 
@@ -51,6 +53,12 @@ class _Ids:
 
     def span(self) -> str:
         return f"{int(self._rng.integers(1, 2**63)):016x}"
+
+
+# The tracer's contract (architecture.md §4): a stall event for every gap over 3x the request's median
+# gap; at most 32 stall links per decode span, the largest stall time first.
+_STALL_FACTOR = 3.0
+_MAX_STALL_LINKS = 32
 
 
 def _span(
@@ -106,15 +114,71 @@ def _pools(run: Run) -> tuple[str, str]:
     return v.Pool.COLOCATED, v.Pool.COLOCATED
 
 
-def write_full(path: Path, run: Run, seed: int = 0) -> None:
-    """Our full trace shape for `run` (which must have been served with `record=True`)."""
+def _stalls(
+    r: Request, iterations: dict[tuple[str, int, float], Iteration], pool: str
+) -> list[tuple[float, float, Iteration]]:
+    """(token time s, gap s, the iteration that ended the gap) of each gap of `r` over the stall rule."""
+    gaps = r.gaps_s
+    if not len(gaps):
+        return []
+    median_s = float(np.median(gaps))
+    return [
+        (t, float(gap), iterations[(pool, r.decode_worker, t)])
+        for t, gap in zip(r.token_s, gaps)
+        if median_s > 0 and gap > _STALL_FACTOR * median_s
+    ]
+
+
+def _stall_links(
+    stalls: list[tuple[float, float, Iteration]], trace_ids: dict[int, str], prefill_ids: dict[int, str]
+) -> tuple[list[dict[str, Any]], int, int]:
+    """The decode span's links to the prefills that ran in its stalled iterations (each prefill's share of
+    a gap by its tokens in that iteration), the largest first; (links, links left out, stalled ns)."""
+    stalled_ns: dict[int, float] = {}
+    tokens: dict[int, int] = {}
+    total_ns = 0
+    for _, gap_s, it in stalls:
+        total_ns += int(round(gap_s * 1e9))
+        for index, n in it.prefills:
+            stalled_ns[index] = stalled_ns.get(index, 0.0) + gap_s * 1e9 * n / it.prefill_tokens
+            tokens[index] = tokens.get(index, 0) + n
+    ranked = sorted(stalled_ns, key=lambda i: -stalled_ns[i])
+    links = [
+        {
+            "traceId": trace_ids[i],
+            "spanId": prefill_ids[i],
+            "attributes": [
+                {"key": k, "value": _value(x)}
+                for k, x in (
+                    (v.ATTR_LINK_STALLED_NS, int(round(stalled_ns[i]))),
+                    (v.ATTR_LINK_PREFILL_TOKENS, tokens[i]),
+                )
+            ],
+        }
+        for i in ranked[:_MAX_STALL_LINKS]
+    ]
+    return links, max(0, len(ranked) - _MAX_STALL_LINKS), total_ns
+
+
+def write_full(
+    path: Path, run: Run, seed: int = 0, *, stall_events: bool = False, stall_links: bool = False
+) -> dict[int, str]:
+    """Our full trace shape for `run` (which must have been served with `record=True`). With
+    `stall_events`, decode spans carry the tracer's `splitscope.decode.stall` events; with `stall_links`,
+    also its links to the prefills of the stalled iterations (colocated and chunked runs). Off by default,
+    so the report's tests see the traces they were written against. Returns request index -> trace id."""
     assert run.iterations is not None
     ids = _Ids(seed)
+    by_end = {(str(it.pool), it.worker, it.end_s): it for it in run.iterations}
+    trace_ids: dict[int, str] = {}
+    prefill_ids: dict[int, str] = {}
+    pending_links: list[tuple[dict[str, Any], list[tuple[float, float, Iteration]]]] = []
     prefill_pool, decode_pool = _pools(run)
     mode = _mode(run)
     spans: list[dict[str, Any]] = []
     for r in run.requests:
         trace, root = ids.trace(), ids.span()
+        trace_ids[r.index] = trace
         gaps = r.gaps_s
         root_attrs: dict[str, Any] = {
             v.ATTR_OPERATION: v.ROOT_SPAN_PREFIX,
@@ -139,10 +203,11 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
         spans.append(
             _span(trace, ids.span(), root, v.SPAN_QUEUE, v.KIND_INTERNAL, r.arrival_s, r.prefill_start_s, where)
         )
+        prefill_ids[r.index] = ids.span()
         spans.append(
             _span(
                 trace,
-                ids.span(),
+                prefill_ids[r.index],
                 root,
                 v.SPAN_PREFILL,
                 v.KIND_INTERNAL,
@@ -184,24 +249,46 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
                 v.ATTR_WORKER: f"{decode_pool}-{r.decode_worker}",
                 v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
             }
-            spans.append(
-                _span(
-                    trace,
-                    ids.span(),
-                    root,
-                    v.SPAN_DECODE,
-                    v.KIND_INTERNAL,
-                    r.decode_start_s,
-                    r.end_s,
-                    {
-                        **decode_where,
-                        v.ATTR_OUTPUT_TOKENS: r.output_tokens,
-                        v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50"),
-                        v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99"),
-                        v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max"),
-                    },
-                )
+            decode = _span(
+                trace,
+                ids.span(),
+                root,
+                v.SPAN_DECODE,
+                v.KIND_INTERNAL,
+                r.decode_start_s,
+                r.end_s,
+                {
+                    **decode_where,
+                    v.ATTR_OUTPUT_TOKENS: r.output_tokens,
+                    v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50"),
+                    v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99"),
+                    v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max"),
+                },
             )
+            spans.append(decode)
+            if stall_events or stall_links:
+                stalls = _stalls(r, by_end, str(decode_pool))
+                decode["events"] = [
+                    {
+                        "timeUnixNano": str(_ns(t)),
+                        "name": v.EVENT_DECODE_STALL,
+                        "attributes": [
+                            {"key": "gap_s", "value": _value(gap)},
+                            {"key": "prefill_tokens", "value": _value(it.prefill_tokens)},
+                        ],
+                    }
+                    for t, gap, it in stalls
+                ]
+                decode["attributes"].append({"key": v.ATTR_DECODE_STALLS, "value": _value(len(stalls))})
+                if stall_links:
+                    pending_links.append((decode, stalls))
+    for decode, stalls in pending_links:  # every prefill span id is known now
+        links, dropped, stalled_ns = _stall_links(stalls, trace_ids, prefill_ids)
+        decode["links"] = links
+        decode["attributes"] += [
+            {"key": v.ATTR_DECODE_STALLED_NS, "value": _value(stalled_ns)},
+            {"key": v.ATTR_DECODE_STALL_LINKS_DROPPED, "value": _value(dropped)},
+        ]
     step_trace = {}
     for it in run.iterations:
         key = (it.pool, it.worker)
@@ -229,6 +316,7 @@ def write_full(path: Path, run: Run, seed: int = 0) -> None:
     with open(path, "w") as f:
         for line in _batched("oracle", spans):
             f.write(line + "\n")
+    return trace_ids
 
 
 def _llm_request(
