@@ -100,6 +100,7 @@ class Tracked:
     seq: ScheduledRequest | None = None
     prefill_start: Any = None  # clock mark at the start of the step that began its prefill
     prefill_end: Any = None  # clock mark at the end of the step that completes its prompt
+    prefill_span_id: int = 0  # chosen when its prefill starts, so the steps that run it can name it
     handoff_wall_ns: int = 0  # prefill role: where its KV transfer starts (the host time of `prefill_end`)
     decode_start: Any = None  # clock mark when its first token reached the host
     token_perf_ns: array = field(default_factory=lambda: array("q"))
@@ -466,11 +467,16 @@ class Engine:
         mark = tracer.mark
         step_start = mark()
         tracked = self._tracked
+        # (trace id, prefill span id, chunk tokens) of each prompt in the step: one tuple per prompt per
+        # step, never per token; the pipeline links decode stalls to them (tracer/pipeline.py).
+        prefills: list[tuple[int, int, int]] = []
         for chunk in plan.prefills:
             t = tracked[chunk.seq.seq_id]
             if t.prefill_start is None:
                 t.prefill_start = mark()
+                t.prefill_span_id = s.new_span_id()
                 self._record_queue(t)
+            prefills.append((t.ctx.trace_id, t.prefill_span_id, chunk.num_tokens))
         try:
             logits = self.model(self._slices(plan), self.kv_pool)
             token_ids = self._sample(logits, plan).tolist()  # the one host wait of the iteration
@@ -499,6 +505,8 @@ class Engine:
             prefill_tokens,
             plan.context_tokens,
             plan.prefill_attention_tokens2,
+            now_perf_ns,
+            tuple(prefills),
         )
 
         events: list[tuple[Sink, tuple]] = []
@@ -648,7 +656,9 @@ class Engine:
             s.ATTR_PREFILL_CHUNKS: seq.num_prefill_chunks,
         }
         end = t.prefill_end if t.prefill_end is not None else self.tracer.mark()
-        self.tracer.stage("prefill", t.ctx, t.prefill_start, end, attrs, error_type=error_type)
+        self.tracer.stage(
+            "prefill", t.ctx, t.prefill_start, end, attrs, span_id=t.prefill_span_id, error_type=error_type
+        )
         t.prefill_start = t.prefill_end = None
 
     def _record_decode(self, t: Tracked, error_type: str) -> None:

@@ -81,6 +81,8 @@ class Tracer(Protocol):
         prefill_tokens: int,
         context_tokens: int,
         prefill_attention_tokens2: int = -1,
+        emitted_perf_ns: int = 0,
+        prefills: tuple[tuple[int, int, int], ...] = (),
     ) -> None: ...
 
     def request(
@@ -188,10 +190,28 @@ def _recorders(push: Callable[[tuple], None]) -> tuple[Callable[..., Any], ...]:
         prefill_tokens: int,
         context_tokens: int,
         prefill_attention_tokens2: int = -1,
+        emitted_perf_ns: int = 0,
+        prefills: tuple[tuple[int, int, int], ...] = (),
     ) -> None:
         """Record one engine iteration. `prefill_attention_tokens2`: each prefill chunk of n tokens at
-        offset c counts (c + n)^2 - c^2 (tokens^2; -1 when the engine does not know)."""
-        push((KIND_STEP, start, end, decode_requests, prefill_tokens, context_tokens, prefill_attention_tokens2))
+        offset c counts (c + n)^2 - c^2 (tokens^2; -1 when the engine does not know). `emitted_perf_ns`:
+        the `perf_counter_ns` the engine stamped on the tokens this step emitted (the decode records'
+        token times); `prefills`: (trace id, prefill span id, chunk tokens) of each prompt it prefilled,
+        the prefill span id being the one its `stage("prefill", ..., span_id=...)` will carry. With both,
+        the pipeline links a decode span's stalls to those prefills (architecture.md section 4)."""
+        push(
+            (
+                KIND_STEP,
+                start,
+                end,
+                decode_requests,
+                prefill_tokens,
+                context_tokens,
+                prefill_attention_tokens2,
+                emitted_perf_ns,
+                prefills,
+            )
+        )
 
     def request(
         ctx: TraceContext,

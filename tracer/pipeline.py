@@ -48,6 +48,10 @@ STALL_FACTOR = 3.0
 EMIT_SLICE = 32
 # Step spans of one worker share a trace per window, so no trace grows without bound.
 STEP_TRACE_WINDOW_NS = 60_000_000_000
+# A decode span links to at most this many prefills that stalled it (the largest stall time first) ...
+MAX_STALL_LINKS = 32
+# ... looked up among this many of the worker's latest steps that ran a prefill (older stalls: no link).
+PREFILL_STEPS_KEPT = 4096
 
 
 class Sink(Protocol):
@@ -96,6 +100,44 @@ def decode_summary(
     return attrs, stalls, gaps_s, stall_times
 
 
+def stall_links(
+    stall_perf_ns: Sequence[int],
+    stall_gaps_s: Sequence[float],
+    prefill_steps: dict[int, tuple[tuple[int, int, int], ...]],
+    own_trace_id: int,
+) -> tuple[list[tuple[int, int, dict[str, Any]]], int]:
+    """Span links from a decode span to the prefills that ran in the steps ending its stalls, and how many
+    more there were than MAX_STALL_LINKS. `prefill_steps`: a step's emitted-token perf ns -> its
+    (trace id, prefill span id, chunk tokens); each prefill's stalled time is its tokens' share of the gap.
+    Pipeline thread; costs nothing for a decode without stalls."""
+    stalled_ns: dict[tuple[int, int], float] = {}
+    tokens: dict[tuple[int, int], int] = {}
+    for perf_ns, gap_s in zip(stall_perf_ns, stall_gaps_s):
+        prefills = prefill_steps.get(perf_ns)
+        total = sum(n for _, _, n in prefills) if prefills else 0
+        if not total:
+            continue
+        for trace_id, span_id, n in prefills:  # type: ignore[union-attr]
+            if trace_id == own_trace_id or not span_id:
+                continue
+            key = (trace_id, span_id)
+            stalled_ns[key] = stalled_ns.get(key, 0.0) + gap_s * 1e9 * n / total
+            tokens[key] = tokens.get(key, 0) + n
+    ranked = sorted(stalled_ns, key=lambda key: -stalled_ns[key])
+    links = [
+        (
+            trace_id,
+            span_id,
+            {
+                s.ATTR_LINK_STALLED_NS: round(stalled_ns[(trace_id, span_id)]),
+                s.ATTR_LINK_PREFILL_TOKENS: tokens[(trace_id, span_id)],
+            },
+        )
+        for trace_id, span_id in ranked[:MAX_STALL_LINKS]
+    ]
+    return links, max(0, len(ranked) - MAX_STALL_LINKS)
+
+
 class SpanBuilder:
     """Turns resolved records into SpanData for one worker (pool, worker) or the router (pool None)."""
 
@@ -118,6 +160,18 @@ class SpanBuilder:
         self.slo = slo if slo is not None and slo.configured else None
         self._step_trace_id = s.new_trace_id()
         self._step_trace_started_ns = 0
+        # emitted-token perf ns -> the prefills of that step, for the latest PREFILL_STEPS_KEPT such steps
+        self._prefill_steps: dict[int, tuple[tuple[int, int, int], ...]] = {}
+
+    def note_step(self, record: StepRecord) -> None:
+        """Remember which prefills `record`'s step ran, for the decode spans it stalled. Called on every
+        drained step record before its timing resolves: the decode records after it may resolve first."""
+        if not record.prefills or not record.emitted_perf_ns:
+            return
+        steps = self._prefill_steps
+        steps[record.emitted_perf_ns] = record.prefills
+        if len(steps) > PREFILL_STEPS_KEPT:
+            del steps[next(iter(steps))]  # dicts keep insertion order: the oldest step
 
     def _stage_attrs(self, attrs: dict[str, Any] | None, source: str) -> dict[str, Any]:
         out = dict(attrs) if attrs else {}
@@ -143,6 +197,11 @@ class SpanBuilder:
         attrs = self._stage_attrs(record.attrs, interval.source)
         decode_attrs, stalls, gaps_s, stall_perf_ns = decode_summary(record.token_perf_ns, record.token_prefill_tokens)
         attrs.update(decode_attrs)
+        stall_gaps_s = [a["gap_s"] for _, _, a in stalls]
+        attrs[s.ATTR_DECODE_STALLED_NS] = round(sum(stall_gaps_s) * 1e9)
+        links, dropped = stall_links(stall_perf_ns, stall_gaps_s, self._prefill_steps, record.ctx.trace_id)
+        if dropped:
+            attrs[s.ATTR_DECODE_STALL_LINKS_DROPPED] = dropped
         return s.SpanData(
             name=s.SPAN_DECODE,
             kind=s.KIND_INTERNAL,
@@ -155,6 +214,7 @@ class SpanBuilder:
             events=[(name, self.clock.to_wall_ns(t), a) for (name, _, a), t in zip(stalls, stall_perf_ns)],
             error_type=record.error_type,
             samples={"itl_gaps_s": gaps_s},
+            links=links,
         )
 
     def step(self, record: StepRecord, interval: Interval) -> s.SpanData:
@@ -291,6 +351,8 @@ class Pipeline:
         for raw in records:
             try:
                 record = RECORD_TYPES[raw[0]]._make(raw)  # inside the try: a malformed tuple is one bad record
+                if record.kind == KIND_STEP:
+                    self.span_builder.note_step(record)
                 interval = self._interval(record, now, force_host_timing)
                 if interval is None:
                     self._pending.append(record)

@@ -69,6 +69,11 @@ class StepRecord(NamedTuple):
     prefill_tokens: int
     context_tokens: int
     prefill_attention_tokens2: int  # tokens^2 of the chunks' attention over their prompts; -1: not recorded
+    # The host perf_counter_ns stamped on the tokens this step emitted (the decode record's
+    # `token_perf_ns` entries), 0 when not given; and the prompts it prefilled, as (trace id, prefill span
+    # id, tokens of its chunk) per prompt: what the pipeline links a stalled decode span to.
+    emitted_perf_ns: int
+    prefills: tuple[tuple[int, int, int], ...]
 
 
 class RequestRecord(NamedTuple):

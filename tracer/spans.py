@@ -20,7 +20,8 @@ from tracer.vocabulary import *  # noqa: F403 -- the contract's names, for `from
 @dataclass(slots=True)
 class SpanData:
     """A resolved span. Times are Unix ns. `samples` carries metric-only values (e.g. `itl_gaps_s`)
-    that are not span attributes; `sampled` False means metrics only, no exported span."""
+    that are not span attributes; `sampled` False means metrics only, no exported span. `links`:
+    OpenTelemetry span links, (trace id, span id, attributes) each (a decode span's stall links)."""
 
     name: str
     kind: int
@@ -34,3 +35,4 @@ class SpanData:
     error_type: str = ""
     samples: dict[str, list[float]] = field(default_factory=dict)
     sampled: bool = True
+    links: list[tuple[int, int, dict[str, Any]]] = field(default_factory=list)

@@ -57,6 +57,15 @@ class SpanEvent:
 
 
 @dataclass(slots=True)
+class SpanLink:
+    """A span link as read: the linked span's ids (lowercase hex) and the link's attributes."""
+
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any]
+
+
+@dataclass(slots=True)
 class Span:
     """One span as read from a trace file. Ids are lowercase hex; times are Unix nanoseconds."""
 
@@ -72,6 +81,7 @@ class Span:
     events: list[SpanEvent] = field(default_factory=list)
     status_code: int = STATUS_UNSET
     status_message: str = ""
+    links: list[SpanLink] = field(default_factory=list)
 
     @property
     def duration_s(self) -> float:
@@ -174,6 +184,14 @@ def spans_from_request(request: dict[str, Any]) -> Iterator[Span]:
                     ],
                     status_code=int(status.get("code", 0)),
                     status_message=status.get("message", ""),
+                    links=[
+                        SpanLink(
+                            _hex_id(link.get("traceId"), 32, "link traceId"),
+                            _hex_id(link.get("spanId"), 16, "link spanId"),
+                            _attributes(link.get("attributes", ())),
+                        )
+                        for link in raw.get("links", ())
+                    ],
                 )
 
 
@@ -240,6 +258,16 @@ def span_from_proto(raw: Any, resource: dict[str, Any], *, events: bool = True) 
         else [],
         status_code=raw.status.code,
         status_message=raw.status.message,
+        links=[
+            SpanLink(
+                _proto_id(link.trace_id, 16, "link traceId"),
+                _proto_id(link.span_id, 8, "link spanId"),
+                _proto_attributes(link.attributes),
+            )
+            for link in raw.links
+        ]
+        if events
+        else [],
     )
 
 

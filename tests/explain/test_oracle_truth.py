@@ -7,8 +7,9 @@ many of their tokens) each iteration ran (`Iteration.prefills`). Its traces carr
 - every stall explain finds is a true stall (an oracle gap over the rules), and none is missed;
 - each stall's top cause is a prefill that truly ran in the iteration that ended the gap, and every
   prefill cause's share is the true one: its tokens in that iteration over all prefill tokens there
-  (whole prompts: exact; chunked: explain has only whole-prompt tokens, so the chunk's share is what
-  the links at the source carry, `write_full(stall_links=True)`, which explain prefers);
+  (whole prompts: exact; chunked: explain has only whole-prompt tokens, so a share can be off where two
+  prompts' chunks share an iteration: the per-chunk truth is what the links at the source carry,
+  `write_full(stall_links=True)`, which explain reports as `stall_links`);
 - the TTFT parts add up to the TTFT and each equals the oracle's own queue, prefill, KV transfer and
   decode-side admission times (a split deployment: "each side looks fine, the client waits").
 """
@@ -114,12 +115,40 @@ def test_colocated_stalls_are_the_true_prefills(tmp_path):
     _check_ttft_parts(result, index_of, run)
 
 
-def test_chunked_stalls_from_links_carry_the_chunk_shares(tmp_path):
+def _true_link_stall_s(run: Run, index: int) -> dict[int, float]:
+    """Request index -> the stall time (s) its prefill tokens took from request `index`: over every gap
+    of the tracer's event rule (3x the median), that prefill's tokens' share of the gap's iteration."""
+    assert run.iterations is not None
+    r = run.requests[index]
+    iteration = {(str(it.pool), it.worker, it.end_s): it for it in run.iterations}
+    gaps = r.gaps_s
+    median = float(np.median(gaps))
+    out: dict[int, float] = {}
+    for end_s, gap in zip(r.token_s, gaps):
+        if gap > 3 * median:
+            it = iteration[("colocated", r.decode_worker, end_s)]
+            for other, tokens in it.prefills:
+                out[other] = out.get(other, 0.0) + float(gap) * tokens / it.prefill_tokens
+    return out
+
+
+def test_chunked_stall_links_name_the_prefills_explain_computes(tmp_path):
+    """With stall links on the decode spans (what our pipeline writes), explain reports them, they hold
+    the true per-prefill stall time, and every prefill explain computed for a stall is among them."""
     run = serve(Deployment("chunked", workers=2, budget_tokens=512), *_workload(2), Physics())
     result, index_of = _explained(tmp_path, run, stall_links=True)
     # Chunks keep most gaps short: a few stalls remain, where long chunks' attention adds up.
     assert _check_stalls(result, index_of, run, share_tolerance=0.001) >= 3
     _check_ttft_parts(result, index_of, run)
+    linked_requests = 0
+    for request in result["requests"]:
+        truth = _true_link_stall_s(run, index_of[request["trace_id"]])
+        links = {index_of[link["trace_id"]]: link["stalled_s"] for link in request["stall_links"]}
+        assert links == pytest.approx(truth, abs=2e-9)
+        computed = {index_of[c["trace_id"]] for stall in request["stalls"] for c in stall["causes"]}
+        assert computed <= set(links)
+        linked_requests += bool(links)
+    assert linked_requests >= 3
 
 
 def test_chunked_stalls_without_links_name_the_true_prefills(tmp_path):

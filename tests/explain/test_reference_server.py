@@ -1,6 +1,7 @@
 """The acceptance point of `splitscope explain`: a real colocated reference server, short requests
 decoding, one long prompt injected while they do; explain names that prompt as the cause of the short
-request's stall, the stall lies inside its decode span, and its TTFT parts add up to its TTFT.
+request's stall, the stall lies inside its decode span, the decode span's stall links (built by the
+worker's pipeline) point at that prompt's prefill span, and its TTFT parts add up to its TTFT.
 
 Starts a server (slow by path, tests/conftest.py) and times nothing of this machine's: the stall is
 whatever the long prefill took here, so the test runs beside other work.
@@ -125,6 +126,16 @@ def test_the_long_prompt_is_named_as_the_cause_of_a_short_requests_stall(run):
             assert cause["prefill_tokens"] == long_prefill.attributes[s.ATTR_PREFILL_TOKENS]
             # The long prefill is most of the gap: the decode step beside it is short on this model.
             assert cause["share"] > 0.5, stall
+        # At the source: the worker's pipeline linked the decode span to the long prompt's prefill span
+        # (from its step records), and those links name every prefill explain computed by overlap.
+        assert request["stall_links"][0]["trace_id"] == long_id, request["stall_links"]
+        assert request["stall_links"][0]["span_id"] == long_prefill.span_id
+        assert len(decode.links) <= 32
+        linked = {link["trace_id"] for link in request["stall_links"]}
+        computed = {c["trace_id"] for stall in request["stalls"] for c in stall["causes"] if c["kind"] == "prefill"}
+        assert computed <= linked, (computed, linked)
+        stalled_ns = decode.attributes[s.ATTR_DECODE_STALLED_NS]
+        assert 0 < sum(link["stalled_s"] for link in request["stall_links"]) * 1e9 <= stalled_ns + 1
 
 
 def test_ttft_parts_add_up_to_the_ttft(run):

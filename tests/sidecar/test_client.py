@@ -168,9 +168,19 @@ def test_malformed_frames_close_only_that_connection(make_sidecar, tmp_path):
         [["x", 1, 0, 0, 1, 0, 0, 1, {}, [], "", {}, True]],
         [["x", 1, 0, 1, 1, 0, 5, 1, {}, [], "", {}, True]],
         [["x", 1, 0, 1, 1, 0, 0, 1, {}, [], "", {"itl_gaps_s": ["nan?"]}, True]],
+        [["x", 1, 0, 1, 1, 0, 0, 1, {}, [], "", {}, True, [[0, -1, 2, {}]]]],
+        [["x", 1, 0, 1, 1, 0, 0, 1, {}, [], "", {}, True, [], "extra"]],
         {"not": "a list"},
     ],
-    ids=["negative-id", "zero-trace-id", "ends-before-start", "samples-not-numbers", "not-a-list"],
+    ids=[
+        "negative-id",
+        "zero-trace-id",
+        "ends-before-start",
+        "samples-not-numbers",
+        "negative-link-id",
+        "too-many-fields",
+        "not-a-list",
+    ],
 )
 def test_decode_payload_rejects_malformed_records(bad):
     import msgspec
@@ -193,9 +203,22 @@ def test_wire_round_trip_keeps_every_field():
         error_type="oom",
         samples={"itl_gaps_s": [0.01, 0.02]},
         sampled=False,
+        links=[((1 << 127) + 7, (1 << 63) + 3, {s.ATTR_LINK_STALLED_NS: 70_000_000})],
     )
     (back,) = wire.decode_payload(wire.encode_frame([span])[4:])
     assert back == span
+
+
+def test_a_record_without_links_is_the_older_clients_record():
+    """A span without links goes out as the 13 fields a version-2 client sends, and such a record
+    (from an older client) reads back with no links."""
+    import msgspec
+
+    span = s.SpanData("splitscope.step", 1, 5, 6, 0, 100, 200, {"a": 1})
+    (record,) = msgspec.msgpack.decode(wire.encode_frame([span])[4:])
+    assert len(record) == 13
+    (back,) = wire.decode_payload(msgspec.msgpack.encode([record]))
+    assert back == span and back.links == []
 
 
 def test_ingest_queue_is_bounded_by_spans_and_counts_refusals():

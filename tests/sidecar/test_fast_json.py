@@ -42,6 +42,7 @@ def test_contract_spans_encode_identically():
             2000,
             {s.ATTR_POOL: "decode", s.ATTR_DECODE_ITL_P99_S: float("nan"), "inf": float("-inf")},
             events=[(s.EVENT_DECODE_STALL, 1700, {"gap_s": 0.07, "prefill_tokens": 2000}), ("", 0, {})],
+            links=[(0xABD, 0x77, {s.ATTR_LINK_STALLED_NS: 70_000_000, s.ATTR_LINK_PREFILL_TOKENS: 2000}), (1, 2, {})],
         ),
         s.SpanData(
             s.SPAN_KV_TRANSFER,
@@ -96,6 +97,14 @@ _spans = st.builds(
         max_size=2,
     ),
     error_type=st.one_of(st.just(""), st.text(max_size=6)),
+    links=st.lists(
+        st.tuples(
+            st.integers(1, 2**128 - 1),
+            st.integers(1, 2**64 - 1),
+            st.dictionaries(st.text(min_size=1, max_size=4), _values, max_size=2),
+        ),
+        max_size=2,
+    ),
 )
 
 

@@ -169,7 +169,9 @@ def test_a_router_of_another_deployment_keeps_its_namespace_and_the_sidecar_s_ow
     assert own.registry.get_sample_value("splitscope_pool_workers", {"pool": "decode"}) is None
 
 
-@pytest.mark.parametrize("version, accepted", [(1, True), (2, True), (3, False), (True, False), ("2", False)])
+@pytest.mark.parametrize(
+    "version, accepted", [(1, True), (2, True), (3, True), (4, False), (True, False), ("2", False)]
+)
 def test_the_handshake_takes_clients_without_snapshots_too_and_nothing_else(version, accepted):
     line = json.dumps({"splitscope_ingest": version, "token": "t", "resource": {"service.name": "w"}}).encode()
     if accepted:

@@ -564,3 +564,52 @@ def test_without_objectives_the_root_span_has_no_outcome():
     )
     attrs = SpanBuilder(clock, None, None).request(record, clock.resolve(0, 10 * MS, 10 * MS)).attributes
     assert s.ATTR_SLO_VIOLATED not in attrs and s.ATTR_SLO_MISSED not in attrs
+
+
+def test_a_stalled_decode_span_links_to_the_prefills_of_its_stalled_steps(traced):
+    """The step record names its prefills; the decode span built later links to them, each with its
+    tokens' share of the gap, the largest first, at most MAX_STALL_LINKS (the rest counted)."""
+    from tracer.pipeline import MAX_STALL_LINKS
+
+    start, exporter, _ = traced
+    worker = start("colocated", "w0")
+    ctx = TraceContext.new_root().child(s.new_span_id())
+    t = 10_000 * MS
+    token_times = array("q", [t + i * 10 * MS for i in range(6)])
+    token_times[3] += 60 * MS  # token 3 ends a 70 ms gap: two prompts ran in its step
+    token_times[4] += 60 * MS
+    token_times[5] += 60 * MS + 45 * MS  # token 5 ends a 55 ms gap: 40 prompts of one token each
+    big, small = (TraceContext.new_root().trace_id, 0xB16), (TraceContext.new_root().trace_id, 0x5A1)
+    many = tuple((TraceContext.new_root().trace_id, 0x1000 + i, 1) for i in range(40))
+    worker.tracer.step(t, t + MS, 1, 0, 10, emitted_perf_ns=token_times[1])  # no prefill: no link
+    worker.tracer.step(t, t + MS, 1, 2000, 10, emitted_perf_ns=token_times[3], prefills=(big + (1500,), small + (500,)))
+    worker.tracer.step(t, t + MS, 1, 40, 10, emitted_perf_ns=token_times[5], prefills=many)
+    worker.tracer.decode(ctx, t, t + 200 * MS, token_times, None, {s.ATTR_OUTPUT_TOKENS: 6})
+    worker.shutdown(1.0)
+
+    (decode,) = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_DECODE]
+    assert decode.attributes[s.ATTR_DECODE_STALLS] == 2
+    assert decode.attributes[s.ATTR_DECODE_STALLED_NS] == 125 * MS
+    links = decode.links
+    assert len(links) == MAX_STALL_LINKS
+    assert decode.attributes[s.ATTR_DECODE_STALL_LINKS_DROPPED] == 40 + 2 - MAX_STALL_LINKS
+    assert [(link.context.trace_id, link.context.span_id) for link in links[:2]] == [big, small]
+    assert links[0].attributes[s.ATTR_LINK_STALLED_NS] == round(70 * MS * 0.75)
+    assert links[1].attributes[s.ATTR_LINK_STALLED_NS] == round(70 * MS * 0.25)
+    assert links[0].attributes[s.ATTR_LINK_PREFILL_TOKENS] == 1500
+    assert all(link.attributes[s.ATTR_LINK_STALLED_NS] == round(55 * MS / 40) for link in links[2:])
+
+
+def test_a_decode_span_without_stalls_has_no_links(traced):
+    start, exporter, _ = traced
+    worker = start("colocated", "w0")
+    ctx = TraceContext.new_root().child(s.new_span_id())
+    t = 10_000 * MS
+    token_times = array("q", [t + i * 10 * MS for i in range(4)])
+    other = (TraceContext.new_root().trace_id, 0xB16, 100)
+    worker.tracer.step(t, t + MS, 1, 100, 10, emitted_perf_ns=token_times[2], prefills=(other,))
+    worker.tracer.decode(ctx, t, t + 40 * MS, token_times, None)
+    worker.shutdown(1.0)
+    (decode,) = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_DECODE]
+    assert not decode.links and decode.attributes[s.ATTR_DECODE_STALLED_NS] == 0
+    assert s.ATTR_DECODE_STALL_LINKS_DROPPED not in decode.attributes

@@ -120,3 +120,34 @@ def test_a_growing_file_leaves_the_line_being_written_for_the_next_read(tmp_path
     assert len(list(iter_spans([path], growing=True))) == 2
     path.write_bytes(good + good)  # the writer finished
     assert len(list(iter_spans([path], growing=True))) == 4
+
+
+def test_span_links_survive_the_sdk_encoders_and_read_back_from_json_and_protobuf(tmp_path):
+    """A decode span's stall links, as the pipeline hands them over, read back from both file formats."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    from tracer import spans as s
+    from tracer.export.otel import make_resource, to_readable_span
+
+    linked_trace, linked_span = (7 << 100) + 3, 0xABCDEF
+    data = s.SpanData(
+        s.SPAN_DECODE,
+        s.KIND_INTERNAL,
+        5 << 90,
+        9,
+        4,
+        100,
+        200,
+        {s.ATTR_DECODE_STALLED_NS: 70},
+        links=[(linked_trace, linked_span, {s.ATTR_LINK_STALLED_NS: 70, s.ATTR_LINK_PREFILL_TOKENS: 2000})],
+    )
+    span = to_readable_span(data, make_resource("w"))
+    json_path, proto_path = tmp_path / "t.jsonl", tmp_path / "t.pb"
+    json_path.write_bytes(encode_line([span]))
+    message = encode_spans([span]).SerializeToString()
+    proto_path.write_bytes(len(message).to_bytes(4, "big") + message)
+    for path in (json_path, proto_path):
+        (read,) = iter_spans([path])
+        (link,) = read.links
+        assert (link.trace_id, link.span_id) == (f"{linked_trace:032x}", f"{linked_span:016x}")
+        assert link.attributes == {s.ATTR_LINK_STALLED_NS: 70, s.ATTR_LINK_PREFILL_TOKENS: 2000}

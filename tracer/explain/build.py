@@ -3,7 +3,8 @@
 ```
 {"requests": [{"trace_id", "request_id", "arrival_unix_ns", "ttft_s", "ttft_parts_s": {part: s}, "queued_behind": [...],
                "itl_p99_s", "stalls": [{"start_unix_ns", "end_unix_ns", "duration_s", "causes": [
-                   {"kind", "trace_id", "prefill_tokens", "share", "estimated"}], ...}]}],
+                   {"kind", "trace_id", "prefill_tokens", "share", "estimated"}], ...}],
+               "stall_links": [{"trace_id", "span_id", "stalled_s", "prefill_tokens"}]}],
  "summary": {...}}
 ```
 
@@ -16,6 +17,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from tracer import spans as s
 from tracer.explain.read import ExplainData, Trace
 from tracer.explain.stalls import STALL_FACTOR, STALL_FLOOR_S, explain_stalls
 from tracer.explain.ttft import PARTS, queued_behind, ttft_parts_s
@@ -25,6 +27,28 @@ TOP_CAUSES = 5
 
 def _finite(value: float) -> float | None:
     return None if math.isnan(value) else value
+
+
+def stall_links(trace: Trace) -> list[dict[str, Any]]:
+    """The stall links its decode spans carry from the source (the worker's pipeline knew which prefills
+    ran in each stalled step): the linked prefill span, the stall time its tokens took, largest first."""
+    out: list[dict[str, Any]] = []
+    for decode in trace.stages.get(s.SPAN_DECODE, []):
+        for link in decode.links:
+            stalled_ns = link.attributes.get(s.ATTR_LINK_STALLED_NS)
+            if not isinstance(stalled_ns, int):
+                continue  # not a stall link
+            tokens = link.attributes.get(s.ATTR_LINK_PREFILL_TOKENS)
+            out.append(
+                {
+                    "trace_id": link.trace_id,
+                    "span_id": link.span_id,
+                    "stalled_s": stalled_ns / 1e9,
+                    "prefill_tokens": tokens if isinstance(tokens, int) else None,
+                }
+            )
+    out.sort(key=lambda link: -link["stalled_s"])
+    return out
 
 
 def explain_request(data: ExplainData, trace: Trace) -> dict[str, Any]:
@@ -38,6 +62,7 @@ def explain_request(data: ExplainData, trace: Trace) -> dict[str, Any]:
         "queued_behind": queued_behind(data, trace),
         "itl_p99_s": _finite(trace.itl_p99_s),
         "stalls": explain_stalls(data, trace),
+        "stall_links": stall_links(trace),
     }
 
 

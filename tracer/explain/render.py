@@ -69,6 +69,11 @@ def _request(request: dict[str, Any]) -> list[str]:
         estimated = {s["basis"] for s in stalls if s["estimated"]}
         for basis in sorted(estimated):
             lines += [f"Estimated stalls rest on: {basis}.", ""]
+    links = request["stall_links"]
+    if links:
+        linked = ", ".join(f"`{link['trace_id']}` {link['stalled_s'] * 1e3:.1f} ms" for link in links[:5])
+        more = f" and {len(links) - 5} more" if len(links) > 5 else ""
+        lines += [f"Stall links from the worker (prefills in its stalled steps): {linked}{more}.", ""]
     return lines
 
 

@@ -26,7 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from tracer.resource import resource_attributes
 from tracer.spans import SpanData
@@ -49,6 +49,7 @@ _SPAN_KINDS = {
 }
 
 _SCOPE = InstrumentationScope("splitscope.tracer", "0.1.0")
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 
 def to_readable_span(data: SpanData, resource: Resource) -> ReadableSpan:
@@ -72,6 +73,10 @@ def to_readable_span(data: SpanData, resource: Resource) -> ReadableSpan:
         resource=resource,
         attributes=attributes,
         events=[Event(name, attrs, timestamp=t) for name, t, attrs in data.events],
+        links=[
+            Link(SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED), attrs)
+            for trace_id, span_id, attrs in data.links
+        ],
         kind=_SPAN_KINDS.get(data.kind, SpanKind.INTERNAL),
         status=status,
         start_time=data.start_ns,

@@ -137,6 +137,8 @@ class LineEncoder:
             head += ',"attributes":[' + self._attributes(d.attributes, d.error_type) + "]"
         if d.events:
             head += ',"events":[' + ",".join(_event(name, t, a) for name, t, a in d.events) + "]"
+        if d.links:
+            head += ',"links":[' + ",".join(_link(t, s, a) for t, s, a in d.links) + "]"
         if d.error_type:
             return head + ',"status":{"message":' + _str(d.error_type) + ',"code":2}}'
         return head + ',"status":{}}'
@@ -156,3 +158,11 @@ def _event(name: str, time_ns: int, attributes: Mapping[str, Any]) -> str:
     if attributes:
         parts.append('"attributes":[' + ",".join(_key_value(k, v) for k, v in attributes.items()) + "]")
     return "{" + ",".join(parts) + "}"
+
+
+def _link(trace_id: int, span_id: int, attributes: Mapping[str, Any]) -> str:
+    # The SDK's links: a local, sampled context (flags 256), attributes before the flags.
+    head = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}"'
+    if attributes:
+        head += ',"attributes":[' + ",".join(_key_value(k, v) for k, v in attributes.items()) + "]"
+    return head + ',"flags":256}'

@@ -7,13 +7,16 @@
    MessagePack array of records. A record is the fields of `tracer.spans.SpanData` in order, positional,
    with the 128-bit trace id split in two (MessagePack integers stop at 64 bits):
    `[name, kind, trace_id_high64, trace_id_low64, span_id, parent_span_id, start_ns, end_ns, attributes,
-   events, error_type, samples, sampled]`.
+   events, error_type, samples, sampled]`, then (protocol version 3), only when the span has any, its
+   links: `[[trace_id_high64, trace_id_low64, span_id, attributes], ...]`. A record without links is
+   the same 13 fields as before, so a version-3 sidecar reads older clients' records unchanged.
 4. Or, in the same stream (protocol version 2), a metrics snapshot frame: the payload is a MessagePack map
    `{"samples": [[family, {label: value}, value], ...]}` holding the current value of the worker's own
    gauges and counters that no span carries (queue depth, KV cache use, ...: `Catalogue.process_set()`).
    The sidecar sets gauges to it and adds counters' increase since the last snapshot of the same process.
    A version-2 client is refused at the handshake by a version-1 sidecar (which would take a snapshot for
-   a bad frame), and a version-2 sidecar still takes version-1 clients.
+   a bad frame), and a version-2 sidecar still takes version-1 clients; likewise a version-3 client (span
+   links) by a version-2 sidecar, which would take a 14-field record for a bad frame.
 
 Why MessagePack through msgspec rather than JSON: decoding with a declared record type validates every
 field in C, and it is what lets the sidecar ingest 100k records/s on two cores (bench/sidecar_ingest.py).
@@ -31,8 +34,8 @@ import msgspec
 
 from tracer.spans import SpanData
 
-PROTOCOL_VERSION = 2
-ACCEPTED_VERSIONS = (1, 2)  # version 1: span frames only
+PROTOCOL_VERSION = 3
+ACCEPTED_VERSIONS = (1, 2, 3)  # version 1: span frames only; 2: snapshots; 3: span links
 HANDSHAKE_MAX_BYTES = 64 * 1024
 FRAME_HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 16 * 1024 * 1024
@@ -41,21 +44,28 @@ MAX_RECORDS_PER_FRAME = 2048
 
 _U64_MASK = (1 << 64) - 1
 _NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-_Record = tuple[
-    str,
-    int,
-    _NonNegative,
-    _NonNegative,
-    _NonNegative,
-    _NonNegative,
-    _NonNegative,
-    _NonNegative,
-    dict[str, Any],
-    list[tuple[str, int, dict[str, Any]]],
-    str,
-    dict[str, list[float]],
-    bool,
-]
+_Link = tuple[_NonNegative, _NonNegative, _NonNegative, dict[str, Any]]
+
+
+class _Record(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """A span record as decoded: the positional fields above; `links` may be left off the end."""
+
+    name: str
+    kind: int
+    trace_high: _NonNegative
+    trace_low: _NonNegative
+    span_id: _NonNegative
+    parent_span_id: _NonNegative
+    start_ns: _NonNegative
+    end_ns: _NonNegative
+    attributes: dict[str, Any]
+    events: list[tuple[str, int, dict[str, Any]]]
+    error_type: str
+    samples: dict[str, list[float]]
+    sampled: bool
+    links: list[_Link] = []
+
+
 _encode = msgspec.msgpack.Encoder().encode
 
 
@@ -126,6 +136,7 @@ def encode_frame(batch: Sequence[SpanData]) -> bytes:
                 d.samples,
                 d.sampled,
             )
+            + (([(t >> 64, t & _U64_MASK, span, attrs) for t, span, attrs in d.links],) if d.links else ())
             for d in batch
         ]
     )
@@ -148,9 +159,21 @@ def decode_payload(payload: bytes | bytearray | memoryview) -> list[SpanData] | 
         return records
     out = [
         SpanData(
-            name, kind, (high << 64) | low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled
+            r.name,
+            r.kind,
+            (r.trace_high << 64) | r.trace_low,
+            r.span_id,
+            r.parent_span_id,
+            r.start_ns,
+            r.end_ns,
+            r.attributes,
+            r.events,
+            r.error_type,
+            r.samples,
+            r.sampled,
+            [((high << 64) | low, span, attrs) for high, low, span, attrs in r.links],
         )
-        for name, kind, high, low, span_id, parent, start_ns, end_ns, attrs, events, error, samples, sampled in records
+        for r in records
     ]
     # MessagePack integers stop at 64 bits and the record type says non-negative: ids cannot be too wide.
     for d in out:
