@@ -170,3 +170,29 @@ def test_split_ttft_parts_are_the_true_ones(tmp_path):
     _check_ttft_parts(result, index_of, run)
     waits = [request["ttft_parts_s"]["decode_wait"] for request in result["requests"]]
     assert all(not math.isnan(w) for w in waits)
+
+
+def test_a_vllm_pd_pairs_ttft_is_the_clients_and_its_parts_the_oracles(tmp_path):
+    """Stock vLLM behind a P/D proxy through real sidecars (one per instance): each instance's own TTFT
+    looks fine (the prefill instance's is its prefill), the client waits for the decode instance's first
+    token. explain's TTFT is the client's, split into the prefill side's queue and prefill and the decode
+    side's wait for the KV (transfer and admission: vLLM's queue there)."""
+    from tests.oracle.through_sidecar import write_via_sidecars
+
+    physics = Physics(link_bytes_per_s=0.125e9)  # 1 Gb/s: the transfer is a visible part
+    run = serve(Deployment("split", prefill_workers=1, decode_workers=1), *_workload(6), physics)
+    path = tmp_path / "vllm-pd.jsonl"
+    write_via_sidecars(path, run, seed=6)
+    data = load([path])
+    result = explain(data, choose(data, (), WORST, "ttft"), "ttft")
+    by_request_id = {f"req-{r.index}": r for r in run.requests}
+    for request in result["requests"]:
+        r = by_request_id[request["request_id"]]
+        parts = request["ttft_parts_s"]
+        assert request["ttft_s"] == pytest.approx(r.ttft_s, abs=1e-6)
+        assert request["ttft_s"] > (r.prefill_end_s - r.arrival_s) + 1e-3  # more than the prefill side saw
+        assert sum(parts.values()) == pytest.approx(request["ttft_s"], abs=1e-9)
+        assert parts["queue"] == pytest.approx(r.prefill_start_s - r.arrival_s, abs=1e-6)
+        assert parts["prefill"] == pytest.approx(r.prefill_end_s - r.prefill_start_s, abs=1e-6)
+        assert parts["kv_transfer"] == pytest.approx(r.first_token_s - r.prefill_end_s, abs=1e-6)
+        assert abs(parts["decode_wait"]) < 1e-6 and abs(parts["unexplained"]) < 1e-6

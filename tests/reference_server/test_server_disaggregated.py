@@ -219,3 +219,38 @@ def test_a_request_finished_by_its_prefill_needs_no_decode_worker(server):
         return 'splitscope_requests_waiting{pool="decode",worker="decode-0"} 0.0' in body.decode()
 
     wait_for(decode_worker_idle, 10, "the decode worker to drop the requests it expected")
+
+
+def test_explain_splits_the_ttft_across_the_prefill_and_decode_sides(server):
+    """`splitscope explain` on this server's trace: the client's TTFT (the router's) in parts that add up
+    to it -- the prefill side's queue and prefill, the transfer, and the decode side's admission
+    (`decode_wait`, KV ready to the decode worker taking the request, on the sender's clock)."""
+    from click.testing import CliRunner
+
+    from tracer.cli.main import main
+
+    trace_id = secrets.token_hex(16)
+    status, _, _ = server.complete(
+        {"prompt": "Tell me about the sea. " * 10, "max_tokens": 4, "ignore_eos": True},
+        headers={"traceparent": f"00-{trace_id}-{secrets.token_hex(8)}-01"},
+    )
+    assert status == 200
+    names = (s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_KV_TRANSFER, s.SPAN_DECODE)
+
+    def trace_complete():
+        spans = {x.name: x for x in server.spans() if x.trace_id == trace_id}
+        return spans if {"text_completion tiny", *names} <= set(spans) else None
+
+    spans = wait_for(trace_complete, 15, "the request's spans in the trace file")
+    result = CliRunner().invoke(main, ["explain", str(server.traces_file), "--trace-id", trace_id, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (request,) = json.loads(result.output)["requests"]
+    parts = request["ttft_parts_s"]
+    assert request["ttft_s"] == spans["text_completion tiny"].attributes[s.ATTR_TTFT_S]  # the client's
+    assert sum(parts.values()) == pytest.approx(request["ttft_s"], abs=1e-9)
+    assert parts["queue"] >= 0 and parts["prefill"] > 0 and parts["kv_transfer"] > 0
+    kv, decode = spans[s.SPAN_KV_TRANSFER], spans[s.SPAN_DECODE]
+    offset_ns = kv.attributes[s.ATTR_CLOCK_OFFSET_NS]
+    assert parts["decode_wait"] == pytest.approx(max(0, decode.start_ns - offset_ns - kv.end_ns) / 1e9, abs=1e-9)
+    # The stages explain the TTFT: the hops and the router are what is left, within the allowance above.
+    assert parts["unexplained"] <= UNEXPLAINED_TTFT_SHARE * request["ttft_s"] + UNEXPLAINED_TTFT_FIXED_S, parts

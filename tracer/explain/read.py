@@ -31,6 +31,8 @@ class Trace:
     trace_id: str
     root: Span | None = None
     stages: dict[str, list[Span]] = field(default_factory=dict)  # span name -> spans
+    # Engines' request spans of this trace (vLLM behind a P/D proxy: one per instance of the pair)
+    engine_requests: list[Span] = field(default_factory=list)
 
     def first(self, name: str) -> Span | None:
         spans = self.stages.get(name)
@@ -44,11 +46,29 @@ class Trace:
         return str(attrs.get(s.ATTR_REQUEST_ID) or attrs.get(vllm.ATTR_REQUEST_ID) or "")
 
     @property
+    def decode_side_first_token_ns(self) -> int | None:
+        """A P/D pair of engine request spans (vLLM's): when the client's first token left, the later of
+        the two instances' arrival + TTFT (the decode instance's: the prefill instance answers the
+        proxy, not the client). None for one request span."""
+        if len(self.engine_requests) < 2:
+            return None
+        firsts = []
+        for span in self.engine_requests:
+            value = span.attributes.get(vllm.ATTR_TTFT)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                firsts.append(span.start_ns + round(value * 1e9))
+        return max(firsts) if firsts else None
+
+    @property
     def ttft_s(self) -> float:
-        """The request span's time to first token (ours or vLLM's), else the first token as the stage
-        spans place it (prefill end plus an exposed transfer); NaN without either."""
+        """The request span's time to first token (ours or vLLM's; a vLLM P/D pair's: to the decode
+        instance's first token), else the first token as the stage spans place it (prefill end plus an
+        exposed transfer); NaN without either."""
         if self.root is None:
             return math.nan
+        first_ns = self.decode_side_first_token_ns
+        if first_ns is not None:
+            return (first_ns - self.root.start_ns) / 1e9
         attrs = self.root.attributes
         value = attrs.get(s.ATTR_TTFT_S, attrs.get(vllm.ATTR_TTFT))
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -141,6 +161,8 @@ def _take_span(span: Span, traces: dict[str, Trace], columns: StepColumns, where
         return
     if _is_request_span(span):
         trace = traces.setdefault(span.trace_id, Trace(span.trace_id))
+        if span.name == VLLM_REQUEST_SPAN:
+            trace.engine_requests.append(span)
         # vLLM behind a P/D proxy writes one request span per instance: the earliest is the client's arrival.
         if trace.root is None or span.start_ns < trace.root.start_ns:
             trace.root = span

@@ -9,7 +9,10 @@ Parts (seconds, every key always present, 0.0 where the layout has no such stage
 - `kv_transfer`: the `splitscope.kv_transfer` stage span, the exposed transfer (disaggregated only).
 - `decode_wait`: from the KV being ready to the decode worker's `splitscope.decode` span starting, on the
   sender's clock (the decode span minus `splitscope.clock.offset_ns`): the decode worker finishing the
-  step in flight (and any wait for blocks) before it takes the request.
+  step in flight (and any wait for blocks) before it takes the request. For a vLLM P/D pair (one
+  engine request span per instance), to the decode instance's first token, its first step included:
+  there the client's first token comes from the decode instance (the prefill instance answers the proxy),
+  and `kv_transfer` is the decode instance's wait for the KV (vLLM's queue there, sidecar-mapped).
 - `unexplained`: TTFT minus all of the above: the first token's trip back to the client, gaps between
   stages no span covers. It is its own part so the parts always add up to the TTFT exactly; it can be
   slightly negative when spans from two clocks (CUDA placement, another host) overlap the boundary.
@@ -50,6 +53,9 @@ def ttft_parts_s(trace: Trace) -> dict[str, float]:
             offset_ns = transfer.attributes.get(s.ATTR_CLOCK_OFFSET_NS)
             offset_ns = offset_ns if isinstance(offset_ns, int) and not isinstance(offset_ns, bool) else 0
             parts["decode_wait"] = max(0.0, (decode.start_ns - offset_ns - transfer.end_ns) / 1e9)
+            first_ns = trace.decode_side_first_token_ns
+            if first_ns is not None:  # a vLLM P/D pair: the sidecars place both halves on one timeline
+                parts["decode_wait"] = max(0.0, (first_ns - transfer.end_ns) / 1e9)
     parts["unexplained"] = ttft_s - sum(parts[part] for part in PARTS[:-1])
     return parts
 
