@@ -78,10 +78,18 @@ def build() -> dashboard.Dashboard:
         )
         .with_panel(
             default_timeseries(
-                "Step time p95", "s", "95th percentile step time. Click an exemplar for the trace."
+                "Step time p95",
+                "s",
+                "95th percentile step time. A step serves many requests, so it has no exemplar: the "
+                "inter-token latency panel's exemplars open the trace of a request that stalled.",
             ).with_target(
                 quantile_query(
-                    0.95, STEP, "pool, prefill_in_step", POOL, "{{pool}} prefill_in_step={{prefill_in_step}}"
+                    0.95,
+                    STEP,
+                    "pool, prefill_in_step",
+                    POOL,
+                    "{{pool}} prefill_in_step={{prefill_in_step}}",
+                    exemplar=False,
                 )
             )
         )
@@ -202,7 +210,9 @@ def build() -> dashboard.Dashboard:
                 default_timeseries(
                     "Inter-token latency p99",
                     "s",
-                    "What the interference costs users. Click an exemplar for the trace.",
+                    "What the interference costs users. Each exemplar is a request's longest gap: click one "
+                    "in a high bucket for the trace of a stalled request, then `splitscope explain "
+                    "--trace-id` names the prefills that stalled it.",
                 ),
                 ITL_SLO_S,
             ).with_target(quantile_query(0.99, ITL, "pool", POOL, "{{pool}}"))

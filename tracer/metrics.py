@@ -15,6 +15,7 @@ boundaries so burn-rate rules can count "good" requests exactly:
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import start_http_server
 from prometheus_client.metrics_core import HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from tracer.resource import env_resource_attributes
@@ -407,6 +409,7 @@ class BulkHistogramChild:
         self._bound_list = bounds.tolist()
         self._counts = np.zeros(len(bounds) + 1, dtype=np.int64)  # last: above every bound (+Inf only)
         self._sum = 0.0
+        self._exemplars: list[Exemplar | None] = [None] * len(self._counts)  # the latest per bucket
         self._lock = threading.Lock()
 
     def observe(self, value: float) -> None:
@@ -426,9 +429,16 @@ class BulkHistogramChild:
             self._counts += counts
             self._sum += total
 
-    def snapshot(self) -> tuple[np.ndarray, float]:
+    def set_exemplar(self, value: float, labels: dict[str, str]) -> None:
+        """Make (`labels`, `value`) the exemplar of the bucket `value` falls in (OpenMetrics keeps one per
+        bucket: the latest wins). The value itself is observed separately, through `observe_many`."""
+        index = bisect_left(self._bound_list, value)
         with self._lock:
-            return self._counts.copy(), self._sum
+            self._exemplars[index] = Exemplar(labels, value, time.time())
+
+    def snapshot(self) -> tuple[np.ndarray, float, list[Exemplar | None]]:
+        with self._lock:
+            return self._counts.copy(), self._sum, list(self._exemplars)
 
 
 class BulkHistogram(Collector):
@@ -436,7 +446,8 @@ class BulkHistogram(Collector):
 
     prometheus_client's Histogram costs one Python call per observed value; a decode span carries one value
     per output token, which made metering the largest cost of a span in the sidecar. This keeps per-bucket
-    counts in numpy and renders the same exposition (`_bucket{le}`, `_count`, `_sum`), without exemplars.
+    counts in numpy and renders the same exposition (`_bucket{le}`, `_count`, `_sum`); a bucket's exemplar
+    is set apart from the counts (`BulkHistogramChild.set_exemplar`: one per span, not per value).
     """
 
     def __init__(
@@ -477,10 +488,12 @@ class BulkHistogram(Collector):
         with self._lock:
             children = list(self._children.items())
         for key, child in children:
-            counts, total = child.snapshot()
+            counts, total, exemplars = child.snapshot()
             cumulative = np.cumsum(counts)
-            buckets = [(le, float(c)) for le, c in zip(self._le, cumulative[:-1])]
-            buckets.append(("+Inf", float(cumulative[-1])))
+            les = [*self._le, "+Inf"]
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = [
+                (le, float(c)) if e is None else (le, float(c), e) for le, c, e in zip(les, cumulative, exemplars)
+            ]
             family.add_metric(list(key), buckets, total)
         yield family
 

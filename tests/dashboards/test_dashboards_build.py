@@ -114,7 +114,9 @@ def test_latency_percentile_queries_carry_exemplars(dashboards: dict[str, dict])
             for target in panel["targets"]:
                 expr = target["expr"]
                 if "histogram_quantile" in expr and any(f"{h}_bucket" in expr for h in LATENCY_HISTOGRAMS):
-                    assert target["exemplar"] is True, (model["uid"], panel["title"], expr)
+                    # A step serves many requests: its histogram has no exemplar to show (tracer/metrics.py).
+                    carries = "splitscope_step_duration_seconds_bucket" not in expr
+                    assert target["exemplar"] is carries, (model["uid"], panel["title"], expr)
                     checked += 1
     assert checked >= 10
 

@@ -613,3 +613,23 @@ def test_a_decode_span_without_stalls_has_no_links(traced):
     (decode,) = [span for span in exporter.get_finished_spans() if span.name == s.SPAN_DECODE]
     assert not decode.links and decode.attributes[s.ATTR_DECODE_STALLED_NS] == 0
     assert s.ATTR_DECODE_STALL_LINKS_DROPPED not in decode.attributes
+
+
+def test_the_inter_token_histogram_leads_to_a_stalled_requests_trace(traced):
+    """Each decode span's longest gap is its bucket's exemplar, so the ITL panel's high buckets open the
+    trace of a request that stalled there."""
+    start, _, registry = traced
+    worker = start("colocated", "w0")
+    calm, stalled = TraceContext.new_root().child(1), TraceContext.new_root().child(2)
+    t = 10_000 * MS
+    worker.tracer.decode(calm, t, t + 40 * MS, array("q", [t + i * 10 * MS for i in range(5)]), None)
+    times = array("q", [t + i * 10 * MS for i in range(5)])
+    times[4] += 400 * MS  # a 410 ms gap
+    worker.tracer.decode(stalled, t, t + 500 * MS, times, None)
+    worker.shutdown(1.0)
+    text = openmetrics_latest(registry).decode()
+    rows = [row for row in text.splitlines() if row.startswith("splitscope_inter_token_latency_seconds_bucket")]
+    with_exemplar = {re.search(r'le="([^"]+)"', row).group(1): row for row in rows if "#" in row}
+    assert set(with_exemplar) == {"0.01", "0.5"}, rows
+    assert re.search(r'# \{trace_id="%032x"\} 0\.41' % stalled.trace_id, with_exemplar["0.5"])
+    assert '# {trace_id="%032x"} 0.01' % calm.trace_id in with_exemplar["0.01"]

@@ -95,6 +95,8 @@ class MetricsRecorder:
                 gaps = data.samples.get("itl_gaps_s")
                 if gaps:
                     values.setdefault(worker.inter_token_latency, []).extend(gaps)
+                    # The request's longest gap leads to its trace: on the high buckets, a stalled request.
+                    worker.inter_token_latency.set_exemplar(max(gaps), exemplar(data.trace_id))
             elif name == s.SPAN_KV_TRANSFER:
                 if data.error_type:
                     self.catalogue.kv_transfer_failures.labels(reason=data.error_type).inc()
