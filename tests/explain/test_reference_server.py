@@ -1,7 +1,8 @@
 """The acceptance point of `splitscope explain`: a real colocated reference server, short requests
 decoding, one long prompt injected while they do; explain names that prompt as the cause of the short
 request's stall, the stall lies inside its decode span, the decode span's stall links (built by the
-worker's pipeline) point at that prompt's prefill span, and its TTFT parts add up to its TTFT.
+worker's pipeline and shipped over the sidecar wire to the exporter that writes the traces file) point
+at that prompt's prefill span, and its TTFT parts add up to its TTFT.
 
 Starts a server (slow by path, tests/conftest.py) and times nothing of this machine's: the stall is
 whatever the long prefill took here, so the test runs beside other work.
@@ -63,6 +64,10 @@ def run(tmp_path_factory):
         "8",
         "--step-sample",
         "1",
+        # Every process ships its spans to the exporter (a sidecar) over the Unix-socket wire, which
+        # writes the traces file: the stall links cross that wire and its JSON encoder on the way.
+        "--exporter-port",
+        "0",
     )
     try:
         short_ids = [secrets.token_hex(16) for _ in range(SHORT_REQUESTS)]
