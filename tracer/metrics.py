@@ -142,6 +142,23 @@ REQUESTS_FINISHED = "splitscope_requests_finished"
 TAIL_SAMPLER_SPANS = "splitscope_tail_sampler_spans"
 TAIL_SAMPLER_TRACES = "splitscope_tail_sampler_traces"
 
+# `splitscope advise --metrics-port` (tracer/advise/exposition.py): the held advice per deployment, its last
+# window's figures and its decisions by reason. Its own process and registry (`AdviceMetrics`), not a worker's.
+ADVICE_INFO = "splitscope_advice_info"
+ADVICE_DIFFERS = "splitscope_advice_differs"
+ADVICE_GAIN = "splitscope_advice_gain_ratio"
+ADVICE_CONFIDENCE = "splitscope_advice_confidence_ratio"
+ADVICE_WINDOW_REQUESTS = "splitscope_advice_window_requests"
+ADVICE_DECISIONS_COUNTER = "splitscope_advice_decisions_total"
+ADVICE_FAMILIES = (
+    ADVICE_INFO,
+    ADVICE_DIFFERS,
+    ADVICE_GAIN,
+    ADVICE_CONFIDENCE,
+    ADVICE_WINDOW_REQUESTS,
+    ADVICE_DECISIONS_COUNTER,
+)
+
 
 class Catalogue:
     """Every splitscope metric family, registered in `registry` (one per process or per test).
@@ -529,3 +546,41 @@ def serve_metrics(
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve /metrics on a daemon thread; returns (server, thread). Port 0 picks a free port."""
     return start_http_server(port, addr=host, registry=registry)
+
+
+class AdviceMetrics:
+    """The advisor's families (architecture.md §5), registered in `registry` (the advisor's own, one per
+    process or per test). Every series carries `namespace`, the deployment advised on."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.info = Gauge(
+            ADVICE_INFO,
+            "1 for the held advice: verdict, target (ratio P:D, chunk budget tokens, or empty) and the deployed layout",
+            ["namespace", "verdict", "target", "deployed"],
+            registry=r,
+        )
+        self.differs = Gauge(
+            ADVICE_DIFFERS, "1 when the held advice asks for another layout than the one deployed", ["namespace"], registry=r
+        )
+        self.gain = Gauge(
+            ADVICE_GAIN,
+            "Last decided window: the winner's goodput over the option it had to beat, minus one",
+            ["namespace"],
+            registry=r,
+        )
+        self.confidence = Gauge(
+            ADVICE_CONFIDENCE,
+            "Last decided window: share of bootstrap re-runs reaching its verdict (absent when skipped)",
+            ["namespace"],
+            registry=r,
+        )
+        self.window_requests = Gauge(
+            ADVICE_WINDOW_REQUESTS, "Requests that arrived in the last closed window", ["namespace"], registry=r
+        )
+        self.decisions = Counter(
+            ADVICE_DECISIONS_COUNTER.removesuffix("_total"),
+            "Closed windows, by what each did to the held advice (reason)",
+            ["namespace", "reason"],
+            registry=r,
+        )

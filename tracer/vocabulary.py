@@ -55,6 +55,17 @@ class Verdict(StrEnum):
     INSUFFICIENT_DATA = "insufficient-data"
 
 
+class AdviceReason(StrEnum):
+    """The `reason` label of `splitscope_advice_decisions_total`: what one closed window did to the held
+    advice of `splitscope advise` (tracer.advise.hold.window_reason)."""
+
+    INSUFFICIENT_DATA = "insufficient_data"  # the window decided nothing; the held advice stays
+    FIRST = "first"  # the first window that decided something set the advice
+    AGREED = "agreed"  # the window's advice is the held one
+    HELD = "held"  # the window disagreed; the held advice stays (its challenger has not won --hold in a row)
+    CHANGED = "changed"  # the window's advice won --hold windows in a row and replaced the held one
+
+
 class SloObjective(StrEnum):
     """The objectives `splitscope.slo.missed` names."""
 

@@ -83,12 +83,14 @@ def advise(data: TraceData, options: ReportOptions, window_s: float, hold_window
     if not windows:
         raise TraceDataError("no requests in the traces (no root `text_completion` span)")
     one_window = replace(options, window_s=None)
-    decided = [_decide(data, windows, i, one_window) for i in range(len(windows))]
-    trail = [_advice(decided[: i + 1], hold_windows) for i in range(len(decided))]
+    decided = [decide_window(data, windows, i, one_window) for i in range(len(windows))]
+    trail = [held_advice(decided[: i + 1], hold_windows) for i in range(len(decided))]
     return AdviseResult(decided, trail[-1], trail, window_s, hold_windows, options.confidence_resamples)
 
 
-def _decide(data: TraceData, windows: list[Window], index: int, options: ReportOptions) -> WindowAdvice:
+def decide_window(data: TraceData, windows: list[Window], index: int, options: ReportOptions) -> WindowAdvice:
+    """Window `index` of `windows` (consecutive, in time order) decided on `data` (its own requests, or
+    merged with the windows before it when too few). `options` as `advise` passes them (window_s None)."""
     window = windows[index]
     own = count(data, window.start_ns, window.end_ns)
     first = index
@@ -121,7 +123,8 @@ def _decide(data: TraceData, windows: list[Window], index: int, options: ReportO
     )
 
 
-def _advice(windows: Sequence[WindowAdvice], hold_windows: int) -> Advice:
+def held_advice(windows: Sequence[WindowAdvice], hold_windows: int) -> Advice:
+    """The held advice after `windows` (in time order), `hold.hold` over their keys."""
     held = hysteresis.hold([(w.key, w.start_unix_ns) for w in windows], hold_windows)
     if held.key is None:
         return Advice(Verdict.INSUFFICIENT_DATA, None, None, None, held.reason)

@@ -8,6 +8,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from tracer.vocabulary import AdviceReason
+
 K = TypeVar("K", bound=Hashable)
 
 # Why the held advice is what it is (JSON `advice.reason`).
@@ -52,3 +54,15 @@ def hold(votes: Sequence[tuple[K | None, int]], n: int) -> Held[K]:
         else:
             held = Held(held.key, held.since_ns, HELD, held.changed_at)
     return held
+
+
+def window_reason(before: Held[K], after: Held[K], key: K | None) -> AdviceReason:
+    """What one window (its advice `key`, None when it decided nothing) did to the held advice: `before`
+    and `after` are `hold` over the votes up to the window before it and up to it."""
+    if key is None:
+        return AdviceReason.INSUFFICIENT_DATA
+    if before.key is None:
+        return AdviceReason.FIRST
+    if after.key != before.key:
+        return AdviceReason.CHANGED
+    return AdviceReason.AGREED if key == after.key else AdviceReason.HELD

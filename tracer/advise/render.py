@@ -87,3 +87,26 @@ def _markdown(result: AdviseResult) -> str:
     if not result.confidence_resamples:
         lines += ["", "Confidence skipped (--confidence-resamples 0)."]
     return "\n".join(lines) + "\n"
+
+
+# `--follow`: one line per closed window, as it closes (Markdown table rows, or JSON lines).
+FOLLOW_HEADER = (
+    "| window start (UTC) | requests | verdict | gain | confidence | reason | held after | change |\n"
+    "|---|---:|---|---:|---:|---|---|---|\n"
+)
+
+
+def window_line(window: WindowAdvice, held: Advice, reason: str, deployed: str, fmt: str) -> str:
+    """One closed window: a Markdown row, or a JSON object {"window", "advice", "reason", "deployed"}."""
+    if fmt == "json":
+        document = {
+            "window": {name: getattr(window, name) for name in WINDOW_FIELDS},
+            "advice": {name: getattr(held, name) for name in ADVICE_FIELDS},
+            "reason": reason,
+            "deployed": deployed,
+        }
+        return json.dumps(document) + "\n"
+    return (
+        f"| {_time(window.start_unix_ns)} | {window.requests} | {_label(window)} | {_number(window.gain, '{:+.0%}')} "
+        f"| {_number(window.confidence, '{:.0%}')} | {window.reason} | {_label(held)} | {reason} |\n"
+    )
