@@ -27,6 +27,8 @@ import yaml
 
 from tracer.alerts.settings import DEFAULT_SETTINGS, AlertSettings
 from tracer.metrics import (
+    ADVICE_DIFFERS,
+    ADVICE_INFO,
     DECODE_SECONDS_COUNTER,
     DECODE_STEPS_COUNTER,
     DECODE_TPOT_HISTOGRAM,
@@ -784,6 +786,34 @@ def _pipeline_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     ]
 
 
+# -- the advisor's held advice (`splitscope advise --metrics-port`) ----------------------------------------
+
+
+def _advice_alerts(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
+    """The advisor exports its held advice (`splitscope_advice_info`, one series per namespace) and whether
+    it asks for another layout than the traces show deployed (`splitscope_advice_differs`). The alert keeps
+    the advice's labels, so a different held advice is a new alert whose `for` starts again."""
+    info = f"max by ({g('verdict', 'target', 'deployed')}) ({ADVICE_INFO})"
+    return [
+        _alert(
+            s,
+            "LayoutChangeAdvised",
+            f"""
+            {info}
+            and on ({g.deployment})
+            (max by ({g.deployment}) ({ADVICE_DIFFERS}) == 1)
+            """,
+            s.layout_change_advised_for,
+            "info",
+            "splitscope advise: {{ $labels.verdict }} {{ $labels.target }} for {{ $labels.namespace }}"
+            " (deployed: {{ $labels.deployed }})",
+            """The advisor's held advice for {{ $labels.namespace }} is {{ $labels.verdict }}
+            {{ $labels.target }}, and the traces it reads show {{ $labels.deployed }} deployed. The advice held
+            over its --hold windows and has not changed since.""",
+        )
+    ]
+
+
 def _quantile_records(s: AlertSettings, g: _Grouping) -> list[dict[str, Any]]:
     rules = []
     for quantile, name in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
@@ -817,6 +847,7 @@ def _all_rules(s: AlertSettings) -> list[tuple[dict[str, Any], bool]]:
         _pool_alerts,
         _slo_burn_alerts,
         _pipeline_alerts,
+        _advice_alerts,
     )
     return [(rule, part is _recommendation_records) for part in parts for rule in part(s, g)]
 

@@ -87,6 +87,9 @@ class AlertSettings:
     kv_transfer_failures_for: str = "1m"
     tracer_dropping_for: str = "10m"
     telemetry_absent_for: str = "5m"
+    # `splitscope advise` holds its advice over --hold windows already; the `for` adds wall time on top, so
+    # one advisor restart or one odd stretch of windows does not page (info, like the recommendations).
+    layout_change_advised_for: str = "15m"
 
     def validate(self) -> None:
         """Raise ValueError with one clear line when a threshold cannot work as a rule."""

@@ -1,9 +1,11 @@
-"""Overview: what users feel. TTFT, inter-token latency, end-to-end percentiles, throughput, goodput."""
+"""Overview: what users feel. TTFT, inter-token latency, end-to-end percentiles, throughput, goodput; then the
+advisor's held layout advice (advice.py)."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
+from tracer.dashboards.advice import with_advice_row
 from tracer.dashboards.common import (
     DEPLOYMENT,
     ITL_SLO_S,
@@ -147,4 +149,4 @@ def build() -> dashboard.Dashboard:
             .with_target(prom_query(itl_attained, "inter-token {{pool}}"))
         )
     )
-    return board
+    return with_advice_row(board)

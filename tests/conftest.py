@@ -58,6 +58,7 @@ SLOW_PATHS = (
     "tests/load/test_against_reference_server.py",  # judges arrival times at a real router (50 ms)
     "tests/report/test_simulator_vs_server.py",
     "tests/explain/test_reference_server.py",
+    "tests/advise/test_follow_live.py",  # a real server and the advisor as processes, a Prometheus
 )
 # Slow tests that time nothing of this machine's: the wheel, and the oracle's own timings replayed into
 # sidecars and Prometheus (its ratios and alerts come from the replayed data, however late it arrives).

@@ -24,6 +24,7 @@ DESIGN_ALERTS = {
     "KVTransferFailures",
     "TracerDroppingRecords",
     "TelemetryAbsent",
+    "LayoutChangeAdvised",
 }
 RUNBOOK_PATH = RULES_PATH.with_name("runbook.md")
 

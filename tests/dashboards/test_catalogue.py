@@ -43,6 +43,13 @@ DESIGN_CATALOGUE = {
     "splitscope_decode_overlap_late_prefills_total": ("counter", {"pool"}),
     "splitscope_decode_overlap_unclassified_requests_total": ("counter", {"pool"}),
     "splitscope_worker_prefill_busy_seconds_total": ("counter", {"pool", "worker"}),
+    # The advisor's own process (`splitscope advise --metrics-port`, tracer.metrics.AdviceMetrics).
+    "splitscope_advice_info": ("gauge", {"namespace", "verdict", "target", "deployed"}),
+    "splitscope_advice_differs": ("gauge", {"namespace"}),
+    "splitscope_advice_gain_ratio": ("gauge", {"namespace"}),
+    "splitscope_advice_confidence_ratio": ("gauge", {"namespace"}),
+    "splitscope_advice_window_requests": ("gauge", {"namespace"}),
+    "splitscope_advice_decisions_total": ("counter", {"namespace", "reason"}),
 }
 
 
@@ -54,10 +61,11 @@ def test_every_referenced_metric_is_in_the_design_catalogue() -> None:
 
 
 def test_every_referenced_metric_is_in_the_tracers_exposition() -> None:
-    from tracer.metrics import Catalogue
+    from tracer.metrics import AdviceMetrics, Catalogue
 
     registry = CollectorRegistry()
     Catalogue(registry)
+    AdviceMetrics(registry)  # the advisor's process: its families are exposed there, not by a worker
     text = generate_latest(registry).decode()
     exposed = {}
     for name, kind in re.findall(r"^# TYPE (\S+) (\w+)$", text, flags=re.M):

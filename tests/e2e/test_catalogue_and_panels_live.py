@@ -31,13 +31,14 @@ from tests.e2e.live import (
 )
 from tests.prom import PrometheusHandle, running_prometheus
 from tracer.alerts.rules import RULES_PATH
-from tracer.dashboards import interference
+from tracer.dashboards import advice, interference, overview
 from tracer.dashboards.catalogue import (
     dashboard_queries,
     grafana_to_promql,
     referenced_metrics,
 )
 from tracer.load import LengthSpec, LoadConfig
+from tracer.metrics import ADVICE_FAMILIES
 
 PRESET = "tiny"
 NAMESPACES = {"disaggregated": "team-disagg", "colocated": "team-coloc"}
@@ -54,6 +55,9 @@ RARE_DATA = {
 # Fed only by engines watched through the sidecar (request spans of stock vLLM, SGLang); this stack runs
 # our own workers, whose step timing those panels stand in for (tests/e2e/test_request_interference_live.py).
 REQUEST_LEVEL_ONLY = {(interference.UID, title) for title in interference.REQUEST_PANELS}
+# Fed by the advisor (`splitscope advise --metrics-port`), a process of its own that this stack does not
+# run: tests/advise/test_follow_live.py runs these panels' queries against its own Prometheus scraping one.
+ADVISOR_ONLY = {(overview.UID, title) for title in advice.PANELS}
 # Only while the components report no GPU telemetry (splitscope_gpu_telemetry_up 0, e.g. a CPU machine);
 # the "GPU telemetry" panel itself must still show that 0.
 GPU_ONLY = {
@@ -134,7 +138,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None:
-    referenced = referenced_metrics()
+    referenced = referenced_metrics() - set(ADVICE_FAMILIES)  # the advisor's, exposed by its own process
     # The catalogue check is only as good as the parse of the dashboards and rules behind it.
     assert {
         "splitscope_step_duration_seconds",
@@ -159,10 +163,10 @@ def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None
 def test_every_dashboard_panel_returns_data_from_a_live_prometheus(stack: Stack) -> None:
     queries = dashboard_queries()
     panels = {(uid, title) for uid, title, _ in queries}
-    assert set(RARE_DATA) | GPU_ONLY | REQUEST_LEVEL_ONLY <= panels, "an allow-listed panel no longer exists"
+    assert set(RARE_DATA) | GPU_ONLY | REQUEST_LEVEL_ONLY | ADVISOR_ONLY <= panels, "an allow-listed panel no longer exists"
     telemetry_up = finite_values(stack.prom.query("max(splitscope_gpu_telemetry_up)"))
     assert telemetry_up, "no component exposes splitscope_gpu_telemetry_up"
-    exempt = set(RARE_DATA) | REQUEST_LEVEL_ONLY | (GPU_ONLY if telemetry_up[0] == 0 else set())
+    exempt = set(RARE_DATA) | REQUEST_LEVEL_ONLY | ADVISOR_ONLY | (GPU_ONLY if telemetry_up[0] == 0 else set())
 
     pending = {(uid, title, grafana_to_promql(expr)) for uid, title, expr in queries if (uid, title) not in exempt}
     assert all("$" not in promql for _, _, promql in pending)
