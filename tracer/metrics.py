@@ -561,7 +561,10 @@ class AdviceMetrics:
             registry=r,
         )
         self.differs = Gauge(
-            ADVICE_DIFFERS, "1 when the held advice asks for another layout than the one deployed", ["namespace"], registry=r
+            ADVICE_DIFFERS,
+            "1 when the held advice asks for another layout than the one deployed",
+            ["namespace"],
+            registry=r,
         )
         self.gain = Gauge(
             ADVICE_GAIN,

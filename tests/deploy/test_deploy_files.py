@@ -22,6 +22,7 @@ DEPLOY = REPO_ROOT / "deploy"
 # The project's default ports (architecture.md §8 and deploy/prometheus.yml): what the compose stack must agree with.
 SIDECAR_OTLP_GRPC, SIDECAR_OTLP_HTTP, SIDECAR_METRICS = 4317, 4318, 9464
 ROUTER_PORT, EXPORTER_PORT = 8000, 9400
+ADVISOR_METRICS = 9465  # `splitscope advise --metrics-port` as deploy/ runs it (beside the sidecar's 9464)
 PROMETHEUS_PORT, GRAFANA_PORT, TEMPO_QUERY_PORT = 9090, 3000, 3200
 
 
@@ -83,7 +84,11 @@ def test_prometheus_config_is_valid_and_scrapes_our_default_ports() -> None:
     assert targets == {
         "splitscope-server": [f"127.0.0.1:{EXPORTER_PORT}"],
         "splitscope-sidecar": [f"127.0.0.1:{_default(sidecar_command, 'http_port')}"],
+        "splitscope-advisor": [f"127.0.0.1:{ADVISOR_METRICS}"],
     }
+    # The advisor host's collector config shows the same port in the command it documents.
+    assert f"--metrics-port {ADVISOR_METRICS}" in (DEPLOY / "otel-collector-advisor.yaml").read_text()
+    assert ADVISOR_METRICS != SIDECAR_METRICS
     assert f"--port {ROUTER_PORT} --exporter-port {EXPORTER_PORT}" in (DEPLOY / "prometheus.yml").read_text()
     assert _default(serve_command, "port") == ROUTER_PORT
     assert _default(sidecar_command, "http_port") == SIDECAR_OTLP_HTTP

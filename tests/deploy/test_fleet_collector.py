@@ -19,6 +19,7 @@ from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 EDGE, SAMPLER = "otel-collector-fleet-edge.yaml", "otel-collector-fleet-sampler.yaml"
+ADVICE_ROUTER, ADVISOR = "otel-collector-advice-router.yaml", "otel-collector-advisor.yaml"
 
 # Component type names of otelcol-contrib, from open-telemetry/opentelemetry-collector-releases,
 # distributions/otelcol-contrib/manifest.yaml (modules v0.136.0). A module's type is its name without the
@@ -203,7 +204,7 @@ def _component_type(component_id: str) -> str:
     return component_id.split("/", 1)[0]  # "type/name": the type names the component
 
 
-@pytest.mark.parametrize("name", [EDGE, SAMPLER])
+@pytest.mark.parametrize("name", [EDGE, SAMPLER, ADVICE_ROUTER, ADVISOR])
 def test_every_component_is_in_the_contrib_distribution_and_every_pipeline_uses_defined_ones(name):
     config = _config(name)
     for kind in ("receivers", "processors", "exporters", "extensions", "connectors"):
@@ -260,3 +261,29 @@ def test_the_sampler_keeps_errors_violators_and_step_spans_and_a_share_of_the_re
     assert tail["num_traces"] > 0  # bounded
     processors = config["service"]["pipelines"]["traces"]["processors"]
     assert processors.index("tail_sampling") < processors.index("batch")
+
+
+def test_the_advice_router_sends_each_namespace_to_one_advisor_host():
+    config = _config(ADVICE_ROUTER)
+    loadbalancing = config["exporters"]["loadbalancing"]
+    # Keyed on the deployment's resource attribute (the `namespace` label of every series), nothing else.
+    assert loadbalancing["routing_key"] == "attributes" and loadbalancing["routing_key"] in LOADBALANCING_ROUTING_KEYS
+    assert loadbalancing["routing_attributes"] == [s.RESOURCE_SERVICE_NAMESPACE]
+    assert set(loadbalancing["protocol"]) == {"otlp"} and "endpoint" not in loadbalancing["protocol"]["otlp"]
+    hosts = loadbalancing["resolver"]["static"]["hostnames"]
+    assert hosts and all(h.rsplit(":", 1)[1] == "4317" for h in hosts)  # the advisor hosts' OTLP/gRPC port
+    assert config["service"]["pipelines"]["traces"]["exporters"] == ["loadbalancing"]
+    ports = {int(p["endpoint"].rsplit(":", 1)[1]) for p in config["receivers"]["otlp"]["protocols"].values()}
+    assert ports.isdisjoint({4317, 4318})
+
+
+def test_the_advisor_host_writes_one_json_lines_file_per_namespace():
+    config = _config(ADVISOR)
+    file_exporter = config["exporters"]["file"]
+    # OTLP/JSON lines (what `advise --follow` tails), split by the routing attribute: one file per deployment.
+    assert file_exporter["format"] == "json" and "compression" not in file_exporter
+    assert file_exporter["group_by"] == {"enabled": True, "resource_attribute": s.RESOURCE_SERVICE_NAMESPACE}
+    assert file_exporter["path"].count("*") == 1 and file_exporter["path"].endswith(".jsonl")
+    assert config["receivers"]["otlp"]["protocols"]["grpc"]["endpoint"].endswith(":4317")
+    router_hosts = _config(ADVICE_ROUTER)["exporters"]["loadbalancing"]["resolver"]["static"]["hostnames"]
+    assert {h.rsplit(":", 1)[1] for h in router_hosts} == {"4317"}

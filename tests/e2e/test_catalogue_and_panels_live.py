@@ -163,7 +163,9 @@ def test_every_metric_a_dashboard_or_rule_reads_is_exposed(stack: Stack) -> None
 def test_every_dashboard_panel_returns_data_from_a_live_prometheus(stack: Stack) -> None:
     queries = dashboard_queries()
     panels = {(uid, title) for uid, title, _ in queries}
-    assert set(RARE_DATA) | GPU_ONLY | REQUEST_LEVEL_ONLY | ADVISOR_ONLY <= panels, "an allow-listed panel no longer exists"
+    assert set(RARE_DATA) | GPU_ONLY | REQUEST_LEVEL_ONLY | ADVISOR_ONLY <= panels, (
+        "an allow-listed panel no longer exists"
+    )
     telemetry_up = finite_values(stack.prom.query("max(splitscope_gpu_telemetry_up)"))
     assert telemetry_up, "no component exposes splitscope_gpu_telemetry_up"
     exempt = set(RARE_DATA) | REQUEST_LEVEL_ONLY | ADVISOR_ONLY | (GPU_ONLY if telemetry_up[0] == 0 else set())

@@ -82,7 +82,8 @@ DEFAULT_POLL_INTERVAL = "1s"
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address --metrics-port binds.")
 @click.option(
     "--namespace",
-    help="The `namespace` label of the metrics (default: service.namespace of the traces' resource, else empty).",
+    help="The deployment advised on: the `namespace` label of the metrics (default: service.namespace of the "
+    "traces' resource, else empty); with --follow, spans whose resource names another namespace are skipped.",
 )
 @click.option("--format", "fmt", type=click.Choice(["md", "json"]), default="md", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write here instead of stdout.")

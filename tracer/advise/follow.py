@@ -14,7 +14,8 @@ advice is served as it is. Reading a finished file decides every window whose en
 
 Each closed window is decided as the offline advisor decides it (build.decide_window, on the spans held,
 which are pruned to the last `retain_windows` windows: a thin window carries fits back at most that far)
-and held with the same hysteresis (hold.py). Blocking; one thread (the CLI's loop); CPU: one report
+and held with the same hysteresis (hold.py). With `namespace` set, spans whose resource names another
+`service.namespace` are skipped (a file several deployments share); spans that name none are kept. Blocking; one thread (the CLI's loop); CPU: one report
 without its bootstrap per window, plus reading.
 """
 
@@ -33,7 +34,7 @@ from tracer.advise.windows import Window, cut
 from tracer.report.build import ReportOptions
 from tracer.report.tables import TraceData
 from tracer.traces import ReadStats, TraceFileError, _describe, record_error, spans_from_record
-from tracer.vocabulary import AdviceReason, Verdict
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, AdviceReason, Verdict
 
 DEFAULT_RETAIN_WINDOWS = 12
 
@@ -80,6 +81,7 @@ class Follower:
         self.tails = [FileTail(p) for p in self.paths]
         self.tables = SpanTables(self.window_ns, skip_bad=options.skip_bad)
         self.stats = ReadStats()
+        self.skipped_other_namespace = 0
         self.start_ns: int | None = None  # fixed when the first window closes
         self.decided: list[WindowAdvice] = []
         self._votes: list[tuple[AdviceKey | None, int]] = []
@@ -120,6 +122,9 @@ class Follower:
         self.stats.spans += len(spans)
         where = f"{path}:{number}"
         for span in spans:
+            if self.namespace and span.resource.get(RESOURCE_SERVICE_NAMESPACE, self.namespace) != self.namespace:
+                self.skipped_other_namespace += 1  # another deployment's span in a shared file
+                continue
             self.tables.take(span, where)
 
     def _next_closed(self) -> Window | None:
