@@ -229,7 +229,7 @@ def test_a_change_of_traffic_changes_the_held_advice_and_raises_layout_change_ad
 
 PRESET = "tiny"
 SERVER_WINDOW_S, SERVER_GRACE_S = 5.0, 2.0
-PHASE_S = 20.0  # steady short prompts, then as long with bursts of long prompts
+PHASE_S = 15.0  # steady short prompts, then as long with bursts of long prompts
 STEADY = {"rate_rps": 6.0, "prompt": LengthSpec(16), "output": LengthSpec(32)}
 BURST = BurstSpec(every_s=2.0, count=3, prompt_tokens=1000)
 
