@@ -277,6 +277,10 @@ def test_the_advisor_follows_a_real_server_as_it_writes(tmp_path: Path, start_ad
         server.stop()
 
     windows = [w["window"] for w in advisor.lines[:closed]]
+    print(
+        "real server windows:",
+        [(w["requests"], w["verdict"], line["reason"]) for w, line in zip(windows, advisor.lines, strict=False)],
+    )
     arrivals = _arrivals_ns(server.traces_file)
     width_ns = int(SERVER_WINDOW_S * 1e9)
     assert windows[0]["start_unix_ns"] == arrivals[0]
