@@ -49,7 +49,7 @@ def measure(spans: int, folder: Path) -> dict[str, float]:
     started = _clock()
     for tail in follower.tails:  # what poll() reads, without closing the window
         for record in tail.poll():
-            follower._take(tail.path, record.trace_format, record.number, record.data)
+            follower.take_record(tail.path, record.trace_format, record.number, record.data)
     read = _since(started)
     started = _clock()
     data = follower.tables.data([str(path)])

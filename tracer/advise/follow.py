@@ -33,7 +33,7 @@ from tracer.advise.tail import FileTail
 from tracer.advise.windows import Window, cut
 from tracer.report.build import ReportOptions
 from tracer.report.tables import TraceData
-from tracer.traces import ReadStats, TraceFileError, _describe, record_error, spans_from_record
+from tracer.traces import ReadStats, TraceFileError, TraceFormat, _describe, record_error, spans_from_record
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, AdviceReason, Verdict
 
 DEFAULT_RETAIN_WINDOWS = 12
@@ -92,7 +92,7 @@ class Follower:
         TraceDataError on bad input unless the options skip bad records."""
         for tail in self.tails:
             for record in tail.poll():
-                self._take(tail.path, record.trace_format, record.number, record.data)
+                self.take_record(tail.path, record.trace_format, record.number, record.data)
         closed = []
         while (window := self._next_closed()) is not None:
             closed.append(self._decide(window))
@@ -112,7 +112,8 @@ class Follower:
     def advice(self) -> Advice:
         return held_advice(self.decided, self.hold_windows) if self.decided else _NO_ADVICE
 
-    def _take(self, path: str, trace_format, number: int, data: bytes) -> None:  # type: ignore[no-untyped-def]
+    def take_record(self, path: str, trace_format: TraceFormat, number: int, data: bytes) -> None:
+        """One record of `path`: its spans into the tables (those of other namespaces skipped)."""
         self.stats.lines += 1
         try:
             spans = spans_from_record(trace_format, data)
