@@ -13,16 +13,19 @@ from pathlib import Path
 
 import click
 
-# (package, files or folders inside it, destination folder under DIR)
-_SHIPPED = (
-    (
-        "tracer.deploy",
-        ("compose.yaml", "prometheus.yml", "otel-collector.yaml", "tempo.yaml", "Dockerfile.sidecar", "grafana"),
-        "deploy",
-    ),
+# (package, files or folders inside it, destination folder under DIR); None: every file of the package but
+# its Python modules, so a deploy file added later ships without a change here.
+_SHIPPED: tuple[tuple[str, tuple[str, ...] | None, str], ...] = (
+    ("tracer.deploy", None, "deploy"),
     ("tracer.alerts", ("rules.yaml", "runbook.md"), "alerts"),
     ("tracer.dashboards", ("generated",), "dashboards"),
 )
+
+
+def _data_names(root: Traversable) -> tuple[str, ...]:
+    return tuple(
+        sorted(child.name for child in root.iterdir() if not child.name.endswith(".py") and child.name != "__pycache__")
+    )
 
 
 def _copy(source: Traversable, destination: Path, overwrite: bool) -> list[Path]:
@@ -43,6 +46,6 @@ def deploy_files_command(directory: Path, force: bool) -> None:
     written: list[Path] = []
     for package, names, folder in _SHIPPED:
         root = files(package)
-        for name in names:
+        for name in names if names is not None else _data_names(root):
             written += _copy(root / name, directory / folder / name, force)
     click.echo(f"wrote {len(written)} files under {directory}")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import REPO_ROOT
 from tracer.vocabulary import Verdict
 
 SHIPPED_DATA = (
@@ -106,6 +107,9 @@ def test_every_command_runs_from_the_installed_wheel(installed, tmp_path):
     for rule_file in prometheus_yml["rule_files"]:  # relative to the config file, as Prometheus reads it
         assert (tmp_path / "stack/deploy" / rule_file).is_file(), rule_file
     assert (tmp_path / "stack/dashboards/generated/overview.json").is_file()
+    shipped = {p.name for p in (tmp_path / "stack/deploy").iterdir()}
+    in_repository = {p.name for p in (REPO_ROOT / "deploy").iterdir() if p.suffix != ".py" and p.name != "__pycache__"}
+    assert shipped == in_repository  # every collector config, the advisors' routing included
     assert _run(installed, "splitscope", "deploy-files", "stack", cwd=tmp_path).returncode != 0  # no silent overwrite
 
 
