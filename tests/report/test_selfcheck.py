@@ -16,6 +16,7 @@ from tracer.report.render import render
 from tracer.report.selfcheck import (
     ATTAINMENT_TOLERANCE,
     MAX_CORRECTION,
+    MAX_STEP_TYPICAL_MISS,
     MIN_STEP_R2,
     Correction,
     Judgement,
@@ -118,6 +119,31 @@ def test_a_step_fit_under_the_floor_refuses_and_is_never_corrected():
     assert judgement.correction is None
 
 
+def test_a_low_r2_over_steps_the_fit_prices_closely_is_stated_and_does_not_refuse():
+    # Steady traffic: one or two batch sizes, step times that vary by the machine's noise alone.
+    judgement = judge(_check(), MIN_STEP_R2 - 0.7, SLO_, MAX_STEP_TYPICAL_MISS / 2)
+    assert judgement.refusals == [] and judgement.mattering == []
+    assert any("R^2" in line and "does not matter" in line for line in judgement.harmless)
+
+
+def test_a_low_r2_over_steps_the_fit_misses_refuses_whatever_the_replay_says():
+    judgement = judge(_check(), MIN_STEP_R2 - 0.1, SLO_, MAX_STEP_TYPICAL_MISS * 1.25)
+    assert any("explains too little" in line and "typical step" in line for line in judgement.refusals)
+    assert judgement.correction is None
+
+
+def test_the_typical_miss_separates_a_throttled_gpu_from_steady_traffic(oracle_traces):
+    # The oracle's GPU throttled to a third every other 5 s (costs that cannot price its steps) sits over the
+    # bound; the same workload unthrottled sits far under it (independent truth: tests/oracle).
+    from tracer.report.fit import fit_steps
+    from tracer.report.tables import load_traces
+
+    _, throttled, _ = oracle_traces("throttled", 1, 0.15)
+    _, steady, _ = oracle_traces("medium-max-gap", 1, 0.15)
+    assert fit_steps(load_traces([throttled]).steps).typical_miss > MAX_STEP_TYPICAL_MISS
+    assert fit_steps(load_traces([steady]).steps).typical_miss < MAX_STEP_TYPICAL_MISS / 2
+
+
 def test_a_gap_histogram_miss_near_the_objective_corrects_to_the_nearest_bucket_edge():
     check = _check(predicted_gap_p99_s=0.2, measured_gap_p99_low_s=0.05, measured_gap_p99_high_s=0.075)
     judgement = judge(check, 0.95, SLO_)
@@ -203,7 +229,7 @@ def test_a_correction_that_only_takes_the_margin_refuses_and_says_so(scenario_tr
     # deployment's (a looser objective for the model), plain colocated catches up to within the margin.
     sc, path, _ = scenario_traces("long-prompts")
     said = Judgement(["a miss"], ["a miss"], [], [], Correction(ttft_factor=1.0, itl_factor=0.7))
-    monkeypatch.setattr(build.selfcheck, "judge", lambda check, step_r2, slo: said)
+    monkeypatch.setattr(build.selfcheck, "judge", lambda check, step_r2, slo, step_typical_miss=None: said)
     report = build_report([path], quick_options(sc, margin=1.5))
     assert report.verdict == Verdict.INSUFFICIENT_DATA
     assert report.self_check["outcome"] == Outcome.REFUSED_MARGIN

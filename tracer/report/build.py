@@ -360,7 +360,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         found.evidence.append(_model_check_line(check, slo))
     if run.final.verdict == Verdict.INSUFFICIENT_DATA:
         return found.report(Verdict.INSUFFICIENT_DATA, run.final.reasons, **run.fields())
-    judgement = selfcheck.judge(check, step_fit.r2, slo)
+    judgement = selfcheck.judge(check, step_fit.r2, slo, step_fit.typical_miss)
     if judgement.mattering:
         return _corrected_report(found, run, check, judgement)
     outcome = selfcheck.Outcome.MISSES_DO_NOT_MATTER if judgement.misses else selfcheck.Outcome.PASSED

@@ -4,7 +4,7 @@ Three tests, all stated in the report: the fitted model, replayed on the observe
 must land within a tolerance of what was measured (TTFT p50 and p90, and p50 and p90 of the per-request
 inter-token statistic the SLO uses; with an engine's gap histogram, every gap's p50/p90/p99), it must
 predict the SLO attainment at the observed rate within ATTAINMENT_TOLERANCE, and the step fit must explain
-the step times (R^2 at least a floor).
+the step times (R^2 at least a floor, or a typical step priced within MAX_STEP_TYPICAL_MISS).
 
 Not every miss can change the answer. `judge` sorts them:
 
@@ -13,8 +13,10 @@ Not every miss can change the answer. `judge` sorts them:
   it); a miss far below the objective (or far above it) moves no request across it;
 - an attainment miss (predicted vs measured share of requests meeting both SLOs, by more than
   ATTAINMENT_TOLERANCE and outside what the number of requests resolves) always matters;
-- a step fit under the floor always matters and refuses the answer outright: its costs explain too little
-  of the data for any correction to stand on.
+- a step fit under the R^2 floor that also misses a typical step by more than MAX_STEP_TYPICAL_MISS always
+  matters and refuses the answer outright: its costs explain too little of the data for any correction to
+  stand on. Under the floor but close to every step, it is stated and does not matter (steady traffic has
+  little variance to explain).
 
 A miss that matters is corrected the way Dynamo's planner corrects its profile: per quantity, observed over
 predicted (`Correction`), and the decision is taken again against the objective the model must meet for the
@@ -34,8 +36,15 @@ from tracer.report.simulate import SLO
 # difference is timer jitter and a frontend's rounding rather than a model miss) passes.
 TOLERANCE = 0.35  # the error the simulator is held to on a real reference-server run (test_simulator_vs_server)
 TOLERANCE_FLOOR_S = 0.005
-# The step fit must explain at least this share of the variance of observed (or estimated) step times.
+# The step fit must explain at least this share of the variance of observed (or estimated) step times...
 MIN_STEP_R2 = 0.8
+# ...unless it misses a typical step by less than this (the fit's `typical_miss`, the mean |log(observed /
+# predicted)|). R^2 is a share of the variance there is: steady traffic runs batches of one size or two, its
+# step times vary by the machine's noise alone, and R^2 says nothing of the costs. Measured here (busy 2-core
+# CPU, reference server, every step span): steady short chats R^2 0.12 with a typical miss of 0.25; bursts of
+# long prompts R^2 0.86, typical miss 0.30; the oracle's GPU throttled to a third every other 5 s R^2 0.66,
+# typical miss 0.50 (the case the floor is for: costs that cannot price the steps).
+MAX_STEP_TYPICAL_MISS = 0.4
 # A quantile miss can move requests across the objective only when it comes within this factor of it.
 NEAR_SLO_SHARE = 0.5
 # Predicted and measured attainment at the observed rate may differ by this much (a share of requests):
@@ -130,12 +139,15 @@ def describe_tolerance() -> str:
     )
 
 
-def judge(check: dict[str, float], step_r2: float | None, slo: SLO) -> Judgement:
+def judge(
+    check: dict[str, float], step_r2: float | None, slo: SLO, step_typical_miss: float | None = None
+) -> Judgement:
     """Sort the model check's misses (build.model_check's keys) into those that matter and those that do
-    not, and the correction the mattering ones call for (module docstring)."""
+    not, and the correction the mattering ones call for (module docstring). `step_typical_miss`: the step
+    fit's `typical_miss` (None: unknown, R^2 alone decides)."""
     quantiles = _quantile_misses(check, slo) + _gap_misses(check, slo)
     attainment = _attainment_miss(check)
-    fit = _fit_miss(step_r2)
+    fit = _fit_miss(step_r2, step_typical_miss)
     misses = [m.text for m in quantiles] + [r for r in (attainment, fit) if r]
     mattering = [m.text for m in quantiles if m.matters] + [r for r in (attainment, fit) if r]
     refusals = [fit] if fit else []
@@ -144,6 +156,9 @@ def judge(check: dict[str, float], step_r2: float | None, slo: SLO) -> Judgement
         for m in quantiles
         if not m.matters
     ]
+    low_r2 = _low_r2_with_small_residuals(step_r2, step_typical_miss)
+    if low_r2:
+        harmless.append(low_r2)
     correction = None
     if mattering and not refusals:
         correction = _correction(quantiles, use_any=attainment is not None)
@@ -219,10 +234,28 @@ def wilson_interval(share: float, count: int, z: float = WILSON_Z) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _fit_miss(step_r2: float | None) -> str | None:
+def _fit_miss(step_r2: float | None, step_typical_miss: float | None) -> str | None:
     if step_r2 is None or step_r2 >= MIN_STEP_R2:
         return None
-    return f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}"
+    if step_typical_miss is not None and step_typical_miss <= MAX_STEP_TYPICAL_MISS:
+        return None
+    spread = (
+        "" if step_typical_miss is None else f", and it misses a typical step by {math.expm1(step_typical_miss):.0%}"
+    )
+    return f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}{spread}"
+
+
+def _low_r2_with_small_residuals(step_r2: float | None, step_typical_miss: float | None) -> str | None:
+    """The line that says why a step fit under the R^2 floor still stands (None when none is owed)."""
+    if step_r2 is None or step_r2 >= MIN_STEP_R2 or step_typical_miss is None:
+        return None
+    if step_typical_miss > MAX_STEP_TYPICAL_MISS:
+        return None
+    return (
+        f"the step fit's R^2 {step_r2:.3f} is under {MIN_STEP_R2:g}: does not matter, it misses a typical step by "
+        f"{math.expm1(step_typical_miss):.0%} (at most {math.expm1(MAX_STEP_TYPICAL_MISS):.0%}); the step times vary "
+        "little here, so there is little variance to explain"
+    )
 
 
 def _why_harmless(miss: _Miss, check: dict[str, float]) -> str:
