@@ -467,7 +467,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
     parser = argparse.ArgumentParser(
         prog="python -m reference_server.serving.worker", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--role", required=True, choices=ROLES)
+    parser.add_argument("--role", required=True, choices=[role.value for role in Role])
     parser.add_argument("--name", required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process (the launcher) exits")
     defaults = WorkerOptions(Role.COLOCATED, "w")

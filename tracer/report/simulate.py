@@ -153,7 +153,7 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"unknown layout mode {self.mode!r}; expected one of {MODES}")
+            raise ValueError(f"unknown layout mode {self.mode!r}; expected one of {tuple(m.value for m in MODES)}")
         object.__setattr__(self, "mode", Mode(self.mode))
         if self.mode == Mode.DISAGGREGATED:
             if self.prefill_workers < 1 or self.decode_workers < 1:
