@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/advise_windows.py [--spans 1000,10000,100000]
 
-For each size, a ground-truth trace file (tracer.report.synthetic: colocated x4, prompts 800-1600 tokens,
+For each size, a ground-truth trace file (tests.synthetic: colocated x4, prompts 800-1600 tokens,
 6 requests/s; about 55 spans per request, so the window is spans / 55 / 6 seconds wide) is written (not
 timed), then, as `advise --follow` does when that window closes: the file is read through the tail and the
 span tables (tracer.advise.tail, accumulate: every record, span by span), the tables are built (`data()`),
@@ -14,16 +14,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tracer.advise.build import decide_window
-from tracer.advise.follow import Follower
-from tracer.advise.windows import Window
-from tracer.report.build import ReportOptions
-from tracer.report.simulate import SLO, Layout
-from tracer.report.synthetic import ground_truth_costs, synthetic_workload, write_traces
+# The synthetic trace writer lives with the tests (tests/synthetic.py): `python bench/advise_windows.py` from
+# the repo root puts bench/ first on the path, so the root is added for it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.synthetic import ground_truth_costs, synthetic_workload, write_traces  # noqa: E402
+from tracer.advise.build import decide_window  # noqa: E402
+from tracer.advise.follow import Follower  # noqa: E402
+from tracer.advise.windows import Window  # noqa: E402
+from tracer.report.build import ReportOptions  # noqa: E402
+from tracer.report.simulate import SLO, Layout  # noqa: E402
 
 SPANS_PER_REQUEST = 55
 RATE_RPS = 6.0

@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/report_scale.py [--spans 1000000] [--keep DIR] [--compare-generic-reader] [--proto]
 
-Generates the file from a ground-truth cost model (tracer.report.synthetic; not timed), then runs
+Generates the file from a ground-truth cost model (tests.synthetic; not timed), then runs
 `build_report` in a fresh child process and prints its wall time, peak RSS, the share spent reading the
 file (tracer.report.read + our column extraction) and spans per second, all measured in this run.
 `--compare-generic-reader` also runs the report with the generic reader (tracer.traces.iter_spans: a Span
@@ -26,8 +26,12 @@ from pathlib import Path
 
 import orjson
 
-from tracer.report.simulate import Layout
-from tracer.report.synthetic import ground_truth_costs, synthetic_workload, write_traces
+# The synthetic trace writer lives with the tests (tests/synthetic.py): `python bench/report_scale.py` from
+# the repo root puts bench/ first on the path, so the root is added for it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.synthetic import ground_truth_costs, synthetic_workload, write_traces  # noqa: E402
+from tracer.report.simulate import Layout  # noqa: E402
 
 _SPANS_PER_REQUEST = 55  # colocated x4, prompts 800-1600, outputs 50-150 at 6 req/s: about 51 steps per request
 

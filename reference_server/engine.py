@@ -61,17 +61,14 @@ from tracer import TraceContext
 from tracer import spans as s
 from tracer.metrics import KV_FAILURE_REFUSED, WorkerMetrics
 from tracer.timing import perf_counter_ns
+from tracer.vocabulary import POLICY_OF_ROLE, POOL_OF_ROLE, Role, Stage
 
 log = logging.getLogger(__name__)
 
 KV_REFUSED = KV_FAILURE_REFUSED  # the KV transfer failure reason for "the receiver had no room"
 
-# Scheduler policy of each worker role.
-POLICY_OF_ROLE = {"colocated": "colocated", "chunked": "chunked", "prefill": "prefill-only", "decode": "decode-only"}
-# Span pool name (architecture.md §4) of each role.
 # A loop iteration that raises this many times in a row is a deterministic failure, not bad luck.
 MAX_CONSECUTIVE_LOOP_FAILURES = 8
-POOL_OF_ROLE = {"colocated": "colocated", "chunked": "colocated", "prefill": "prefill", "decode": "decode"}
 
 # Events handed to a request's sink, as tuples (cheap to build on the hot path):
 #   (EVENT_TOKEN, token_id)
@@ -129,7 +126,7 @@ class Engine:
     def __init__(
         self,
         *,
-        role: str,
+        role: Role | str,
         model: Transformer,
         kv_pool: KVCachePool,
         token_budget: int,
@@ -146,14 +143,14 @@ class Engine:
     ) -> None:
         if role not in POLICY_OF_ROLE:
             raise ValueError(f"unknown worker role {role!r}; choose one of {', '.join(POLICY_OF_ROLE)}")
-        self.role = role
-        self.pool_name = POOL_OF_ROLE[role]
+        self.role = Role(role)
+        self.pool_name = POOL_OF_ROLE[self.role]
         self.model = model
         self.kv_pool = kv_pool
         self.device = model.device
         self.allocator = BlockAllocator(kv_pool.num_blocks, kv_pool.block_size)
         self.scheduler = Scheduler(
-            POLICY_OF_ROLE[role],
+            POLICY_OF_ROLE[self.role],
             token_budget,
             max_batch_seqs,
             self.allocator,
@@ -224,7 +221,7 @@ class Engine:
         """Queue a new prompt (colocated, chunked, prefill roles; prefill takes `kv_dst`, the decode
         worker's KV receiver). Raises QueueFull; never blocks."""
         self._admit_check()
-        if self.role == "prefill" and kv_dst is None:
+        if self.role == Role.PREFILL and kv_dst is None:
             raise RequestRejected("a prefill worker needs the KV destination of the request")
         tracked = Tracked(request, ctx, sink, perf_counter_ns(), self._generator(request, seed), kv_dst, kv_dst_worker)
         self._post(("submit", tracked))
@@ -516,7 +513,7 @@ class Engine:
                 self._record_prefill(t)
             t.token_perf_ns.append(now_perf_ns)
             t.token_prefill_tokens.append(prefill_tokens)
-            if self.role != "prefill":
+            if self.role != Role.PREFILL:
                 events.append((t.sink, (EVENT_TOKEN, token_id)))
         for seq in outcome.handed_off:  # stays tracked until finish_handoff()
             t = tracked[seq.seq_id]
@@ -585,7 +582,7 @@ class Engine:
     def _finish(self, t: Tracked, events: list[tuple[Sink, tuple]]) -> None:
         seq = t.seq
         assert seq is not None
-        if self.role == "prefill":  # finished by its first token: nothing to transfer
+        if self.role == Role.PREFILL:  # finished by its first token: nothing to transfer
             events.append((t.sink, (EVENT_DONE, seq.finish_reason, self._info(t))))
             return
         self._record_decode(t, "")
@@ -641,7 +638,7 @@ class Engine:
         """Right after the step's end mark: the prefill's end, then where the next stage starts (the KV
         transfer on a prefill worker, at the same host time; the decode on a colocated one, a mark later)."""
         t.prefill_end = self.tracer.mark()
-        if self.role == "prefill":
+        if self.role == Role.PREFILL:
             t.handoff_wall_ns = self._mark_wall_ns(t.prefill_end)
         else:
             t.decode_start = self.tracer.mark()
@@ -657,7 +654,7 @@ class Engine:
         }
         end = t.prefill_end if t.prefill_end is not None else self.tracer.mark()
         self.tracer.stage(
-            "prefill", t.ctx, t.prefill_start, end, attrs, span_id=t.prefill_span_id, error_type=error_type
+            Stage.PREFILL, t.ctx, t.prefill_start, end, attrs, span_id=t.prefill_span_id, error_type=error_type
         )
         t.prefill_start = t.prefill_end = None
 
@@ -680,7 +677,7 @@ class Engine:
         """A request ended early: close the spans it had open, marked with `error_type`."""
         if t.prefill_start is not None:
             self._record_prefill(t, error_type)
-        if self.role != "prefill":
+        if self.role != Role.PREFILL:
             self._record_decode(t, error_type)
 
     def _record_recv(self, t: Tracked, info: Any, src: str) -> None:

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 
 from reference_server.kv_cache import BlockAllocator, BlockTable, OutOfBlocks, blocks_for_tokens
 from reference_server.tokenizer import EOS_ID
+from tracer.vocabulary import SchedulerPolicy
 
-POLICIES = ("colocated", "chunked", "prefill-only", "decode-only")
+POLICIES = tuple(SchedulerPolicy)
 
 
 class RequestRejected(ValueError):
@@ -192,7 +193,7 @@ class Scheduler:
 
     def __init__(
         self,
-        policy: str,
+        policy: SchedulerPolicy | str,
         token_budget: int,
         max_batch_seqs: int,
         allocator: BlockAllocator,
@@ -207,15 +208,15 @@ class Scheduler:
             raise ValueError(f"max_batch_seqs must be >= 1, got {max_batch_seqs}")
         if token_budget < 1:
             raise ValueError(f"token_budget must be >= 1, got {token_budget}")
-        if policy == "chunked" and token_budget <= max_batch_seqs:
+        if policy == SchedulerPolicy.CHUNKED and token_budget <= max_batch_seqs:
             # Decodes always run; a budget they alone can fill would leave no room for prefill progress.
             raise ValueError(f"chunked policy needs token_budget > max_batch_seqs ({token_budget} <= {max_batch_seqs})")
-        self.policy = policy
+        self.policy = SchedulerPolicy(policy)
         self.token_budget = token_budget
         self.max_batch_seqs = max_batch_seqs
         self.allocator = allocator
         self.max_context_tokens = max_context_tokens
-        self.prefix_caching = prefix_caching and policy != "decode-only"
+        self.prefix_caching = prefix_caching and policy != SchedulerPolicy.DECODE_ONLY
         self.max_waiting_requests = max_waiting_requests
         self._waiting: deque[ScheduledRequest] = deque()
         self._running: list[ScheduledRequest] = []  # PREFILLING and DECODING, in admission order
@@ -248,7 +249,7 @@ class Scheduler:
     # --- arrivals ---------------------------------------------------------------------------------
 
     def _kv_tokens_needed(self, request: Request) -> int:
-        if self.policy == "prefill-only":
+        if self.policy == SchedulerPolicy.PREFILL_ONLY:
             return len(request.prompt_token_ids)
         return len(request.prompt_token_ids) + request.max_new_tokens - 1  # the last token's KV is never written
 
@@ -272,7 +273,7 @@ class Scheduler:
 
     def add(self, request: Request) -> ScheduledRequest:
         """Queue a new prompt (all policies but decode-only). Raises RequestRejected or QueueFull."""
-        if self.policy == "decode-only":
+        if self.policy == SchedulerPolicy.DECODE_ONLY:
             raise RequestRejected("a decode-only scheduler takes prefilled sequences: use add_prefilled()")
         self._check_admissible(request)
         seq = ScheduledRequest(request)
@@ -288,7 +289,7 @@ class Scheduler:
         and the caller still owns the table. A request finished by its first token (stop token, or
         max_new_tokens == 1) comes back already FINISHED, its blocks freed.
         """
-        if self.policy != "decode-only":
+        if self.policy != SchedulerPolicy.DECODE_ONLY:
             raise RequestRejected(f"add_prefilled() is for decode-only schedulers, this one is {self.policy}")
         if block_table.block_size != self.allocator.block_size:
             raise RequestRejected(
@@ -318,7 +319,7 @@ class Scheduler:
 
     def _admit(self, seq: ScheduledRequest) -> bool:
         """Give the head of the queue its blocks (prefix hits first). False when the cache is short."""
-        if self.policy == "decode-only":  # its blocks came with it
+        if self.policy == SchedulerPolicy.DECODE_ONLY:  # its blocks came with it
             seq.state = SeqState.DECODING
             return True
         request = seq.request
@@ -356,7 +357,7 @@ class Scheduler:
         """Plan the next iteration (possibly empty). Call `on_step_done` or `on_step_failed` before the next."""
         if self._plan_in_flight is not None:
             raise RuntimeError("schedule() called again before on_step_done() / on_step_failed() of the last plan")
-        if self.policy == "decode-only":
+        if self.policy == SchedulerPolicy.DECODE_ONLY:
             while self._admit_next() is not None:
                 pass
         decodes = tuple(
@@ -364,9 +365,9 @@ class Scheduler:
             for seq in self._running
             if seq.state is SeqState.DECODING
         )
-        if self.policy == "chunked":
+        if self.policy == SchedulerPolicy.CHUNKED:
             prefills = self._chunked_prefills(self.token_budget - len(decodes))
-        elif self.policy in ("colocated", "prefill-only"):
+        elif self.policy in (SchedulerPolicy.COLOCATED, SchedulerPolicy.PREFILL_ONLY):
             prefills = self._whole_prefills(self.token_budget - len(decodes))
         else:
             prefills = ()
@@ -442,7 +443,7 @@ class Scheduler:
                 self.allocator.cache_full_blocks(seq.admitted_table, seq.request.prompt_token_ids)
             if not chunk.is_last:
                 continue
-            if self.policy == "prefill-only":
+            if self.policy == SchedulerPolicy.PREFILL_ONLY:
                 seq.output_token_ids.append(token_id)
                 outcome.emitted.append((seq, token_id))
                 self._running.remove(seq)

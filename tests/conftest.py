@@ -48,6 +48,18 @@ def port() -> int:
 # `serial`: the slow tests that time something (latency, throughput, a deadline) on servers or engines of
 # their own; scripts/test.sh runs them one at a time after the rest, which share both cores. Slow tests that
 # time nothing (UNTIMED_SLOW_PATHS) and live ones fed a synthetic exposition run with the rest.
+# The reference server's tests that each start a whole `splitscope serve` (router and worker processes,
+# the model loaded in each): slow, but they judge tokens, spans, status codes and cleanup, not timings
+# (their deadlines are generous bounds), so they run with the rest.
+SERVER_PATHS = (
+    "tests/reference_server/test_metrics_exporter.py",
+    "tests/reference_server/test_openai_sdk.py",
+    "tests/reference_server/test_server_colocated.py",
+    "tests/reference_server/test_server_disaggregated.py",
+    "tests/reference_server/test_server_lifecycle.py",
+    "tests/reference_server/test_server_misbehaving_clients.py",
+    "tests/reference_server/test_server_slo.py",
+)
 SLOW_PATHS = (
     "tests/e2e/",
     "tests/faults/",
@@ -55,6 +67,7 @@ SLOW_PATHS = (
     "tests/engines/",
     "tests/packaging/",
     "tests/reference_server/test_demo.py",
+    *SERVER_PATHS,
     "tests/load/test_against_reference_server.py",  # judges arrival times at a real router (50 ms)
     "tests/report/test_simulator_vs_server.py",
     "tests/explain/test_reference_server.py",
@@ -71,6 +84,7 @@ UNTIMED_SLOW_PATHS = (
     "tests/engines/test_vllm_real.py",  # span order on vLLM's own clock; its sums compare vLLM with itself
     "tests/faults/test_decode_worker_dies_mid_transfer.py",  # signals order the race; the deadline is 30 s
     "tests/reference_server/test_demo.py",  # a ratio of two step kinds of the same run, both slowed alike
+    *SERVER_PATHS,
 )
 
 

@@ -30,7 +30,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from tracer.resource import env_resource_attributes
-from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
+from tracer.vocabulary import METERED_STAGES, RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool, Stage
 
 LATENCY_BUCKETS_S = (
     0.001,
@@ -389,8 +389,8 @@ class Catalogue:
             inter_token_latency=self.inter_token_latency.labels(pool=pool),
             step_with_prefill=self.step_duration.labels(pool=pool, prefill_in_step="true"),
             step_without_prefill=self.step_duration.labels(pool=pool, prefill_in_step="false"),
-            prefill_tokens=self.tokens.labels(pool=pool, phase="prefill"),
-            decode_tokens=self.tokens.labels(pool=pool, phase="decode"),
+            prefill_tokens=self.tokens.labels(pool=pool, phase=Stage.PREFILL),
+            decode_tokens=self.tokens.labels(pool=pool, phase=Stage.DECODE),
             requests_waiting=waiting,
             requests_running=running,
             busy_seconds=self.worker_busy.labels(pool=pool, worker=worker),

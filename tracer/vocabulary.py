@@ -1,6 +1,7 @@
 """The public contract's names, defined once (docs/architecture.md sections 4-7).
 
-Span names, span attributes, stages, pools, modes and verdicts: every producer (the tracer, the reference
+Span names, span attributes, stages, pools, modes, worker roles, scheduler policies and verdicts (with
+the one mapping between modes, roles, policies and pools): every producer (the tracer, the reference
 server, the sidecar's engine adapters) and every reader (the report, the tests) imports them from here, so a
 rename is a one-line change here. Metric names live with their definitions in `tracer.metrics`.
 
@@ -42,6 +43,49 @@ class Mode(StrEnum):
     COLOCATED = "colocated"
     CHUNKED = "chunked"
     DISAGGREGATED = "disaggregated"
+
+
+class Role(StrEnum):
+    """A reference-server worker's role (`--role`): which scheduler policy it runs and which pool it serves."""
+
+    COLOCATED = "colocated"
+    CHUNKED = "chunked"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class SchedulerPolicy(StrEnum):
+    """How a reference-server scheduler fills a step (reference_server/scheduler.py)."""
+
+    COLOCATED = "colocated"  # running decodes plus whole waiting prompts in one step (they wait for it)
+    CHUNKED = "chunked"  # running decodes first, then prefill chunks within the token budget
+    PREFILL_ONLY = "prefill-only"  # whole prompts, no decodes; a prefilled sequence is handed off
+    DECODE_ONLY = "decode-only"  # decodes only, of sequences whose KV arrived already computed
+
+
+# The one mapping between the four: a deployment mode runs workers of these roles; a role runs a policy
+# and serves a pool (`splitscope.pool` on its spans, the `pool` label on its metrics).
+ROLES_OF_MODE: dict[Mode, tuple[Role, ...]] = {
+    Mode.COLOCATED: (Role.COLOCATED,),
+    Mode.CHUNKED: (Role.CHUNKED,),
+    Mode.DISAGGREGATED: (Role.PREFILL, Role.DECODE),
+}
+POLICY_OF_ROLE: dict[Role, SchedulerPolicy] = {
+    Role.COLOCATED: SchedulerPolicy.COLOCATED,
+    Role.CHUNKED: SchedulerPolicy.CHUNKED,
+    Role.PREFILL: SchedulerPolicy.PREFILL_ONLY,
+    Role.DECODE: SchedulerPolicy.DECODE_ONLY,
+}
+POOL_OF_ROLE: dict[Role, Pool] = {
+    Role.COLOCATED: Pool.COLOCATED,
+    Role.CHUNKED: Pool.COLOCATED,
+    Role.PREFILL: Pool.PREFILL,
+    Role.DECODE: Pool.DECODE,
+}
+# The pools a deployment of each mode has (a chunked deployment's workers serve the colocated pool).
+POOLS_OF_MODE: dict[Mode, tuple[Pool, ...]] = {
+    mode: tuple(dict.fromkeys(POOL_OF_ROLE[role] for role in roles)) for mode, roles in ROLES_OF_MODE.items()
+}
 
 
 class Verdict(StrEnum):

@@ -40,6 +40,7 @@ from tracer.load.display import LiveView
 from tracer.report.build import Report, ReportOptions, build_report
 from tracer.report.render import headline, render
 from tracer.report.simulate import SLO
+from tracer.vocabulary import Mode
 
 
 @dataclass(frozen=True)
@@ -56,9 +57,9 @@ class DemoWorkload:
     seed: int = 7
 
 
-LAYOUTS = {
-    "colocated": ["--mode", "colocated", "--workers", "2"],
-    "disaggregated": ["--mode", "disaggregated", "--prefill-workers", "1", "--decode-workers", "1"],
+LAYOUTS: dict[str, list[str]] = {
+    Mode.COLOCATED: ["--mode", Mode.COLOCATED, "--workers", "2"],
+    Mode.DISAGGREGATED: ["--mode", Mode.DISAGGREGATED, "--prefill-workers", "1", "--decode-workers", "1"],
 }
 
 
@@ -204,11 +205,11 @@ def demo_command(preset: str, out_dir: Path, duration_s: float, slo_ttft: float,
 
     console.rule("[bold]result[/]")
     console.print(comparison_table(results))
-    colocated = reports["colocated"]
+    colocated = reports[Mode.COLOCATED]
     console.print(f"\n[bold]verdict for the colocated deployment:[/] {headline(colocated)}")
     for line in colocated.evidence[:6]:
         console.print(f"  - {line}")
-    console.print(f"[bold]verdict from the split run's traces:[/] {headline(reports['disaggregated'])}")
+    console.print(f"[bold]verdict from the split run's traces:[/] {headline(reports[Mode.DISAGGREGATED])}")
     summary = {
         "run_dir": str(run_dir),
         "slo": {"ttft_s": slo_ttft, "itl_s": slo_itl},

@@ -31,7 +31,7 @@ from reference_server.launch.metrics_exporter import Exporter, start_exporter, s
 from reference_server.launch.process_guard import forward_output, terminate
 from reference_server.launch.ready_line import parse_ready_line
 from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
-from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, ROLES_OF_MODE, Mode, Role
 
 log = logging.getLogger("reference_server.launch.serve")
 
@@ -43,7 +43,7 @@ class ServeConfig(EngineOptions):
     """`splitscope serve`'s settings: the layout and the router's, plus the engine settings every worker
     gets (`EngineOptions`, keyword-only; `token_budget` is the `--chunk-budget` flag)."""
 
-    mode: str = "colocated"
+    mode: str = Mode.COLOCATED
     workers: int = 1
     prefill_workers: int = 1
     decode_workers: int = 1
@@ -56,20 +56,21 @@ class ServeConfig(EngineOptions):
     slo_itl: float | None = None  # seconds, on each request's p99 inter-token gap
     startup_timeout_s: float = 300.0
 
-    def roles(self) -> list[tuple[str, str]]:
-        """(role, name) of every worker, in start order."""
-        if self.mode == "disaggregated":
-            return [("prefill", f"prefill-{i}") for i in range(self.prefill_workers)] + [
-                ("decode", f"decode-{i}") for i in range(self.decode_workers)
-            ]
-        return [(self.mode, f"{self.mode}-{i}") for i in range(self.workers)]
+    def roles(self) -> list[tuple[Role, str]]:
+        """(role, name) of every worker, in start order; a worker is named after its role."""
+        counts = {Role.PREFILL: self.prefill_workers, Role.DECODE: self.decode_workers}
+        return [
+            (role, f"{role}-{i}")
+            for role in ROLES_OF_MODE[Mode(self.mode)]
+            for i in range(counts.get(role, self.workers))
+        ]
 
     def validate(self) -> None:
         """Raise ValueError with one line naming the flag at fault."""
         from reference_server.kv_cache import check_block_size
         from reference_server.model import PRESETS
 
-        if self.mode not in ("colocated", "chunked", "disaggregated"):
+        if self.mode not in tuple(Mode):
             raise ValueError(f"--mode must be colocated, chunked or disaggregated (got {self.mode!r})")
         if self.preset not in PRESETS:
             raise ValueError(f"--preset must be one of {', '.join(PRESETS)} (got {self.preset!r})")
@@ -298,8 +299,8 @@ def _url_host(host: str) -> str:
 @click.command("serve")
 @click.option(
     "--mode",
-    type=click.Choice(["colocated", "chunked", "disaggregated"]),
-    default="colocated",
+    type=click.Choice([mode.value for mode in Mode]),
+    default=Mode.COLOCATED.value,
     show_default=True,
     help="colocated (whole prefills join decode steps), chunked (token budget per step), "
     "or disaggregated (separate prefill and decode pools, KV moved over TCP)",
@@ -393,9 +394,9 @@ def serve_command(
         os.environ["OTEL_RESOURCE_ATTRIBUTES"] = with_namespace(
             os.environ.get("OTEL_RESOURCE_ATTRIBUTES", ""), namespace
         )
-    if mode == "disaggregated" and workers is not None:
+    if mode == Mode.DISAGGREGATED and workers is not None:
         raise click.UsageError("--workers is for colocated/chunked; use --prefill-workers and --decode-workers")
-    if mode != "disaggregated" and (prefill_workers is not None or decode_workers is not None):
+    if mode != Mode.DISAGGREGATED and (prefill_workers is not None or decode_workers is not None):
         raise click.UsageError("--prefill-workers/--decode-workers need --mode disaggregated")
     config = ServeConfig(
         mode=mode,

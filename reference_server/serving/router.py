@@ -55,10 +55,11 @@ from tracer.export.exposition import Exposition
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
 from tracer.spans import new_span_id
 from tracer.timing import perf_counter_ns
+from tracer.vocabulary import POOLS_OF_MODE, Mode, Pool
 
 log = logging.getLogger(__name__)
 
-MODES = ("colocated", "chunked", "disaggregated")
+MODES = tuple(Mode)
 DEFAULT_MAX_BODY_BYTES = 1 << 20
 HEALTH_INTERVAL_S = 1.0
 RETRY_AFTER_S = 1  # the Retry-After of a 503: a decode step frees blocks within milliseconds to seconds
@@ -142,7 +143,7 @@ class Router:
         self.pools: dict[str, list[Endpoint]] = {}
         for endpoint in self.endpoints:
             self.pools.setdefault(endpoint.pool, []).append(endpoint)
-        needed = ("prefill", "decode") if mode == "disaggregated" else ("colocated",)
+        needed = POOLS_OF_MODE[Mode(mode)]
         for pool in needed:
             if not self.pools.get(pool):
                 raise ValueError(f"mode {mode} needs at least one {pool} worker")
@@ -521,14 +522,14 @@ class Router:
         }
 
     def _events(self, params: api.CompletionParams, ctx: TraceContext, request_id: str) -> AsyncGenerator[tuple, None]:
-        if self.mode == "disaggregated":
+        if self.mode == Mode.DISAGGREGATED:
             return self._disaggregated_events(params, ctx, request_id)
         return self._colocated_events(params, ctx, request_id)
 
     async def _colocated_events(
         self, params: api.CompletionParams, ctx: TraceContext, request_id: str
     ) -> AsyncGenerator[tuple, None]:
-        pool = self.pools["colocated"]
+        pool = self.pools[Pool.COLOCATED]
         worker = (sticky(pool, params.user) if params.user else None) or least_loaded(pool)
         if worker is None:
             raise UpstreamError(503, "unavailable", "no live worker")
@@ -552,8 +553,8 @@ class Router:
     async def _disaggregated_events(
         self, params: api.CompletionParams, ctx: TraceContext, request_id: str
     ) -> AsyncGenerator[tuple, None]:
-        decode_worker = least_loaded(self.pools["decode"])
-        prefill_pool = self.pools["prefill"]
+        decode_worker = least_loaded(self.pools[Pool.DECODE])
+        prefill_pool = self.pools[Pool.PREFILL]
         prefill_worker = (sticky(prefill_pool, params.user) if params.user else None) or least_loaded(
             prefill_pool, by_tokens=True
         )

@@ -46,7 +46,6 @@ from reference_server.engine import (
     EVENT_DONE,
     EVENT_ERROR,
     EVENT_TOKEN,
-    POOL_OF_ROLE,
     Engine,
     default_kv_blocks,
 )
@@ -62,10 +61,11 @@ from tracer import TraceContext, start_tracing
 from tracer.auth import bearer_ok, check_bind_token
 from tracer.export.exposition import Exposition
 from tracer.metrics import ABORT_CLIENT_DISCONNECTED, process_labels
+from tracer.vocabulary import POOL_OF_ROLE, Role
 
 log = logging.getLogger("reference_server.serving.worker")
 
-ROLES = ("colocated", "chunked", "prefill", "decode")
+ROLES = tuple(Role)
 MAX_BODY_BYTES = 4 << 20  # a max_seq_len prompt as JSON token ids fits many times over
 MAX_REQUEST_ID_CHARS = 256
 MAX_STOP_SEQUENCES = 16
@@ -125,7 +125,7 @@ class Worker:
             raise ValueError(f"unknown role {options.role!r}; choose one of {', '.join(ROLES)}")
         self.options = options
         self.loop = loop
-        self.pool_name = POOL_OF_ROLE[options.role]
+        self.pool_name = POOL_OF_ROLE[Role(options.role)]
         self.engine_failed = asyncio.Event()  # set on the loop when the engine thread gives up
         if options.threads > 0:
             torch.set_num_threads(options.threads)
@@ -151,7 +151,7 @@ class Worker:
         clock = getattr(tracer, "clock", None)
         metrics = self.tracing.catalogue.bind(self.pool_name, options.name) if self.tracing.catalogue else None
         token_budget = (
-            options.token_budget if options.role == "chunked" else max(options.token_budget, self.args.max_seq_len)
+            options.token_budget if options.role == Role.CHUNKED else max(options.token_budget, self.args.max_seq_len)
         )
         self.engine = Engine(
             role=options.role,
@@ -173,7 +173,7 @@ class Worker:
         # The KV transfer times with the tracer's clock: its spans and the stage spans then share one
         # timeline in this process, and the offset the sender measures is the one between the two tracers.
         wall_ns = getattr(clock, "wall_ns", time.time_ns)
-        if options.role == "decode":
+        if options.role == Role.DECODE:
             from reference_server.kv_transfer import KVReceiver
 
             self.receiver = KVReceiver(
@@ -186,7 +186,7 @@ class Worker:
                 clock_ns=wall_ns,
             )
             self.engine.kv_address = options.name
-        elif options.role == "prefill":
+        elif options.role == Role.PREFILL:
             from reference_server.kv_transfer import KVSender
             from reference_server.kv_transfer.handoff import KVHandoff
 
@@ -220,7 +220,7 @@ class Worker:
         app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
-        if self.options.role == "prefill":
+        if self.options.role == Role.PREFILL:
             app.router.add_post("/prefill", self.prefill)
         else:
             app.router.add_post("/generate", self.generate)
@@ -299,11 +299,11 @@ class Worker:
         events: asyncio.Queue[tuple] = asyncio.Queue()  # bounded by construction: max_tokens + 1 events
         try:
             if body.get("kv") is True:
-                if self.options.role != "decode":
+                if self.options.role != Role.DECODE:
                     return error_json(400, "invalid_request_error", "this worker does not receive KV")
                 self.engine.expect_kv(req, ctx, events.put_nowait, seed=body.get("seed"))
             else:
-                if self.options.role == "decode":
+                if self.options.role == Role.DECODE:
                     return error_json(400, "invalid_request_error", "a decode worker serves only kv requests")
                 self.engine.submit(req, ctx, events.put_nowait, seed=body.get("seed"))
         except QueueFull as exc:
@@ -467,10 +467,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[WorkerOptions, int]:
     parser = argparse.ArgumentParser(
         prog="python -m reference_server.serving.worker", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--role", required=True, choices=ROLES)
+    parser.add_argument("--role", required=True, choices=[role.value for role in Role])
     parser.add_argument("--name", required=True)
     parser.add_argument("--parent-pid", type=int, default=0, help="stop when this process (the launcher) exits")
-    defaults = WorkerOptions("colocated", "w")
+    defaults = WorkerOptions(Role.COLOCATED, "w")
     for field_name, value in asdict(defaults).items():
         if field_name in ("role", "name"):
             continue

@@ -1,6 +1,6 @@
 """`splitscope advise` on synthetic traces whose change of traffic is known by construction.
 
-Steady short-prompt traffic (tracer.report.synthetic's "chatty": short prompts, interference harmless,
+Steady short-prompt traffic (tests.synthetic's "chatty": short prompts, interference harmless,
 stay-colocated), then, from CHANGE_S on, long prompts ("long-prompts": prompts stall decodes, chunked
 prefill wins) on the same four colocated workers, at the long-prompts scenario's SLO.
 """
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from tests.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces
 from tracer.advise import hold as hysteresis
 from tracer.advise.build import CARRIED_FITS, DECIDED, advise_files
 from tracer.advise.render import ADVICE_FIELDS, WINDOW_FIELDS, render, to_json
 from tracer.cli.main import main
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
-from tracer.report.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces
 
 WINDOW_S = 10.0
 HOLD = 3

@@ -1,7 +1,7 @@
 """`splitscope advise --follow --metrics-port` as a real process, tailing trace files while they are being
 written, scraped by a real Prometheus that evaluates `LayoutChangeAdvised`.
 
-1. A growing file with a change of traffic known by construction (tracer.report.synthetic, as in
+1. A growing file with a change of traffic known by construction (tests.synthetic, as in
    test_advise.py: steady short prompts, stay-colocated; from CHANGE_S on, long prompts, chunked prefill
    wins). The test appends the traces chunk by chunk and waits, after each, for the advisor to print the
    windows the chunk closes. Judged: a window never closes before spans past its end + grace were written
@@ -43,12 +43,12 @@ from tests.conftest import REPO_ROOT, free_port, wait_for
 from tests.e2e.live import BackgroundLoad, finite_values
 from tests.prom import running_prometheus
 from tests.reference_server.server_harness import Server
+from tests.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces
 from tracer import spans as s
 from tracer.alerts.rules import render_rules_yaml
 from tracer.dashboards import advice, overview
 from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tracer.load import BurstSpec, LengthSpec, LoadConfig
-from tracer.report.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces
 from tracer.traces import SPAN_KIND_SERVER, iter_spans
 
 FOR_SCALE = 0.005  # LayoutChangeAdvised 15m -> 4.5 s

@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO_ROOT, free_port, wait_for
+from tests.synthetic import SYNTHETIC_ROUTER, scenario, write_traces
 from tracer.cli.main import main
-from tracer.report.synthetic import SYNTHETIC_ROUTER, scenario, write_traces
 
 
 def _scrape(url: str) -> dict[str, list]:

@@ -1,7 +1,7 @@
 """Small hand-built trace files whose causes are known by construction, for explain's unit tests.
 
 Times are seconds after `EPOCH_NS`; spans are written in the OTLP/JSON shape of
-`tracer.report.synthetic.span_dict` (the one `tracer.export.otel.encode_line` writes).
+`tests.synthetic.span_dict` (the one `tracer.export.otel.encode_line` writes).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.synthetic import request_line, span_dict
 from tracer import spans as s
-from tracer.report.synthetic import request_line, span_dict
 from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
 EPOCH_NS = 1_790_000_000_000_000_000

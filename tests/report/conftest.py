@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.synthetic import SYNTHETIC_ROUTER, Scenario, scenario, write_traces
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
-from tracer.report.synthetic import SYNTHETIC_ROUTER, Scenario, scenario, write_traces
 
 N_REQUESTS = 200  # small: every report test must stay quick on two cores
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.synthetic import TraceOptions, scenario, write_traces
 from tracer.report.build import build_report
 from tracer.report.decide import Decision, combine_windows
 from tracer.report.simulate import Layout
-from tracer.report.synthetic import TraceOptions, scenario, write_traces
 
 from .conftest import quick_options
 

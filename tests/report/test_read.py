@@ -19,11 +19,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import CollectorRegistry
 
 import tracer.report.tables as tables
+from tests.synthetic import TraceOptions, scenario, write_traces
 from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.export.otel import OtlpJsonFileExporter
 from tracer.metrics import Catalogue
-from tracer.report.synthetic import TraceOptions, scenario, write_traces
 from tracer.report.tables import TraceData, TraceDataError, load_traces
 from tracer.traces import ReadStats, TraceFileError, iter_spans
 

@@ -237,9 +237,9 @@ def test_a_correction_that_only_takes_the_margin_refuses_and_says_so(scenario_tr
 
 
 def test_a_corrected_answer_is_as_sure_as_the_weaker_of_its_two_bootstraps(scenario_traces, tmp_path, monkeypatch):
-    def bootstrap(decision, current, results, observed, step_fit, costs, slo, *rest):
-        share = 0.9 if slo.itl_s == sc.slo_itl_s else 0.6  # the corrected objective is the less sure one
-        return Confidence(share, 20, {decision.verdict: round(share * 20)})
+    def bootstrap(decided, *rest):
+        share = 0.9 if decided.slo.itl_s == sc.slo_itl_s else 0.6  # the corrected objective is the less sure one
+        return Confidence(share, 20, {decided.decision.verdict: round(share * 20)})
 
     sc = scenario_traces("wrong-split")[0]
     monkeypatch.setattr(build, "bootstrap", bootstrap)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.synthetic import scenario
 from tracer.report.simulate import SLO, Costs, Layout, StepCosts, TransferCosts, Workload, simulate
-from tracer.report.synthetic import scenario
 
 STEP = StepCosts(base_s=0.01, context_s_per_token=0.0, decode_s_per_request=0.0, prefill_s_per_token=1e-4)
 COSTS = Costs(STEP, TransferCosts(kv_bytes_per_token=1000.0, link_bytes_per_s=1e6, constant_s=0.005))

@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from tests.synthetic import request_line, span_dict
 from tracer.export.otel import encode_line
-from tracer.report.synthetic import request_line, span_dict
 from tracer.report.tables import load_traces
 from tracer.traces import SPAN_KIND_INTERNAL, iter_spans
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.synthetic import SYNTHETIC_ROUTER, scenario, write_traces
 from tracer.report.build import build_report
 from tracer.report.goodput import search_goodput
 from tracer.report.simulate import SLO, EngineParams, Layout
-from tracer.report.synthetic import SYNTHETIC_ROUTER, scenario, write_traces
 
 from .conftest import quick_options
 

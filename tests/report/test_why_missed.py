@@ -1,7 +1,7 @@
 """The report's "Why requests missed the SLO" section (tracer/report/why.py, architecture.md section 7).
 
 The expected causes come from how the scenarios were built: the prompt lengths their workloads drew
-(tracer/report/synthetic.py), bucketed here by the edges the section documents (512, 2k, 8k tokens).
+(tests/synthetic.py), bucketed here by the edges the section documents (512, 2k, 8k tokens).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import json
 import numpy as np
 import pytest
 
+from tests.synthetic import TraceOptions, scenario, write_traces
 from tracer.report import build, why
 from tracer.report.build import build_report
 from tracer.report.render import render
 from tracer.report.simulate import SLO
-from tracer.report.synthetic import TraceOptions, scenario, write_traces
 
 from .conftest import N_REQUESTS, quick_options
 

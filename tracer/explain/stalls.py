@@ -52,7 +52,7 @@ STALL_FACTOR = 2.0  # a stall is a gap over this multiple of the request's media
 STALL_FLOOR_S = 0.010  # ... and over this many seconds
 MIN_SHARE = 0.01  # causes taking less of a window are left out
 # Sweep order: a segment goes to the first kind active in it (see the module docstring).
-_KINDS = ("prefill", "kv_transfer", "preemption", "queueing")
+_KINDS = (s.Stage.PREFILL, s.Stage.KV_TRANSFER, "preemption", "queueing")
 
 BASIS_TOKENS = "token times: the decode span's stall events"
 BASIS_STEPS = "step spans of worker {worker}; the request is assumed in every step of its decode span"
@@ -182,8 +182,8 @@ def _intervals(data: ExplainData, trace: Trace, window: Window) -> list[_Interva
                     _Interval(max(a, other.start_ns), min(b, other.end_ns), kind, other.trace_id, other.tokens)
                 )
 
-    add("prefill", data.on_worker(window.worker, s.SPAN_PREFILL))
-    add("kv_transfer", data.on_worker(window.worker, s.SPAN_KV_RECV))
+    add(s.Stage.PREFILL, data.on_worker(window.worker, s.SPAN_PREFILL))
+    add(s.Stage.KV_TRANSFER, data.on_worker(window.worker, s.SPAN_KV_RECV))
     decodes = trace.stages.get(s.SPAN_DECODE, [])
     for before, after in zip(decodes, decodes[1:]):
         if before.end_ns < b and after.start_ns > a and after.start_ns > before.end_ns:
@@ -225,7 +225,7 @@ def _sweep(window: Window, intervals: list[_Interval]) -> _Tally:
             tally.add(("unexplained", None), y - x, 0)
             continue
         chosen = [i for i in active if i.kind == kind]
-        tokens = sum(i.tokens for i in chosen) if kind == "prefill" else 0
+        tokens = sum(i.tokens for i in chosen) if kind == s.Stage.PREFILL else 0
         for i in chosen:
             weight = i.tokens / tokens if tokens > 0 else 1 / len(chosen)
             tally.add((kind, i.trace_id), (y - x) * weight, i.tokens)
@@ -243,7 +243,7 @@ def causes(data: ExplainData, trace: Trace, window: Window) -> list[dict[str, An
         share = ns / duration_ns
         if share < MIN_SHARE:
             continue
-        tokens = tally.tokens[(kind, trace_id)] if kind in ("prefill", "kv_transfer") else None
+        tokens = tally.tokens[(kind, trace_id)] if kind in (s.Stage.PREFILL, s.Stage.KV_TRANSFER) else None
         out.append(
             {
                 "kind": kind,

@@ -29,7 +29,7 @@ from typing import Any
 from tracer import spans as s
 from tracer.explain.read import ExplainData, Trace
 
-PARTS = ("frontend", "queue", "prefill", "kv_transfer", "decode_wait", "unexplained")
+PARTS = ("frontend", s.Stage.QUEUE, s.Stage.PREFILL, s.Stage.KV_TRANSFER, "decode_wait", "unexplained")
 
 
 def ttft_parts_s(trace: Trace) -> dict[str, float]:
@@ -46,7 +46,7 @@ def ttft_parts_s(trace: Trace) -> dict[str, float]:
     if queue is not None:
         parts["queue"] = queue.duration_s
     if prefill is not None:
-        parts["prefill"] = prefill.duration_s
+        parts[s.Stage.PREFILL] = prefill.duration_s
     if transfer is not None:
         parts["kv_transfer"] = transfer.duration_s
         if decode is not None:
@@ -73,7 +73,7 @@ def queued_behind(data: ExplainData, trace: Trace) -> list[dict[str, Any]]:
     arrival_ns = queue.start_ns
     prefill_tokens = {p.trace_id: p.tokens for p in data.on_worker(worker, s.SPAN_PREFILL)}
     ahead: list[tuple[int, dict[str, Any]]] = []
-    for name, state in ((s.SPAN_QUEUE, "queued"), (s.SPAN_PREFILL, "prefill")):
+    for name, state in ((s.SPAN_QUEUE, "queued"), (s.SPAN_PREFILL, s.Stage.PREFILL)):
         for other in data.on_worker(worker, name):
             if other.trace_id != trace.trace_id and other.start_ns <= arrival_ns < other.end_ns:
                 entry = {

@@ -102,7 +102,7 @@ class MetricsRecorder:
                     self.catalogue.kv_transfer_failures.labels(reason=data.error_type).inc()
                 else:
                     self.catalogue.kv_transfer_bytes.labels(
-                        src_pool=attrs.get(s.ATTR_POOL, "prefill"), dst_pool="decode"
+                        src_pool=attrs.get(s.ATTR_POOL, s.Pool.PREFILL), dst_pool=s.Pool.DECODE
                     ).inc(int(attrs.get(s.ATTR_KV_BYTES, 0)))
         for child, observed in values.items():
             child.observe_many(observed)

@@ -10,5 +10,5 @@ In-process use (e.g. `splitscope demo`):
     print(render(report, "md"))       # or "html", "json"
 
 `tracer.report.simulate.simulate(layout, workload, costs, slo)` predicts per-request TTFT and inter-token
-gaps for a layout; `tracer.report.synthetic` writes traces from a known cost model.
+gaps for a layout; the tests (tests/synthetic.py) write traces from a known cost model with it.
 """

@@ -14,14 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from tracer.report import selfcheck
+from tracer.report import prose, selfcheck
 from tracer.report.budget import candidate_budgets_tokens
 from tracer.report.confidence import (
     MIN_RESAMPLES,
     RERUN_DURATION_S,
     RERUN_REQUESTS,
-    RERUN_SAMPLE_REQUESTS,
     Confidence,
+    Decided,
+    RerunSize,
     bootstrap,
 )
 from tracer.report.decide import Decision, candidate_layouts, combine_windows, decide, insufficient
@@ -53,19 +54,13 @@ from tracer.report.simulate import (
     simulate,
 )
 from tracer.report.tables import RequestTable, TraceData, load_traces
-from tracer.vocabulary import Verdict
+from tracer.vocabulary import Mode, Pool, Stage, Verdict
 
 # Stated as assumptions whenever they are used.
 DEFAULT_LINK_GBPS = 100.0
 DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
-_ROUTER_WORDS = {
-    "least-outstanding": "to the worker with the fewest requests in flight (a prefill pool: fewest prompt tokens), "
-    "as the reference router does",
-    "round-robin": "round-robin in arrival order (a split's decode workers in KV-ready order)",
-    "session": "by session (rendezvous hashing; the traces carry no session, so each request is its own)",
-}
 DEFAULT_MAX_PREFILL_TOKENS_PER_STEP = EngineParams().max_prefill_tokens_per_step
 # The why-missed section is built without being asked up to this much trace data (a second read of 100 MiB
 # takes a few seconds here; bench/report_scale.py's 630 MiB file would add about half a minute).
@@ -211,10 +206,10 @@ def measure(requests: RequestTable, slo: SLO) -> Measured:
     ok = (requests.ttft_s <= slo.ttft_s) & (np.nan_to_num(itl, nan=np.inf) <= slo.itl_s) & ~requests.failed
     span_s = (requests.arrival_ns.max() - requests.arrival_ns.min()) / 1e9 if len(requests) > 1 else 0.0
     stages = {
-        "queue": requests.queue_s,
-        "prefill": requests.prefill_s,
-        "kv_transfer": requests.transfer_s,
-        "decode": requests.decode_s,
+        Stage.QUEUE: requests.queue_s,
+        Stage.PREFILL: requests.prefill_s,
+        Stage.KV_TRANSFER: requests.transfer_s,
+        Stage.DECODE: requests.decode_s,
     }
     return Measured(
         requests=len(requests),
@@ -232,17 +227,19 @@ def measure(requests: RequestTable, slo: SLO) -> Measured:
 def current_layout(data: TraceData) -> Layout | None:
     """The deployed layout: distinct workers per pool seen in the window (architecture.md §7)."""
     workers = data.workers
-    if workers.get("prefill") and workers.get("decode"):
-        return Layout("disaggregated", prefill_workers=len(workers["prefill"]), decode_workers=len(workers["decode"]))
-    colocated = workers.get("colocated")
+    if workers.get(Pool.PREFILL) and workers.get(Pool.DECODE):
+        return Layout(
+            Mode.DISAGGREGATED, prefill_workers=len(workers[Pool.PREFILL]), decode_workers=len(workers[Pool.DECODE])
+        )
+    colocated = workers.get(Pool.COLOCATED)
     if not colocated:
         return None
     modes = [m for m in data.requests.mode if m]
-    if modes and max(set(modes), key=modes.count) == "chunked":
+    if modes and max(set(modes), key=modes.count) == Mode.CHUNKED:
         steps = data.steps
         budget = int((steps.prefill_tokens + steps.decode_requests).max()) if len(steps) else 512
-        return Layout("chunked", workers=len(colocated), chunk_budget_tokens=max(budget, 1))
-    return Layout("colocated", workers=len(colocated))
+        return Layout(Mode.CHUNKED, workers=len(colocated), chunk_budget_tokens=max(budget, 1))
+    return Layout(Mode.COLOCATED, workers=len(colocated))
 
 
 def _workload(requests: RequestTable) -> Workload:
@@ -269,11 +266,7 @@ def _wants_why_missed(paths: Sequence[str | os.PathLike[str]], asked: bool | Non
     total_bytes = sum(os.path.getsize(path) for path in paths)
     if total_bytes <= WHY_MISSED_AUTO_MAX_BYTES:
         return True
-    assumptions.append(
-        f"why requests missed the SLO: not built for {total_bytes / 2**20:.0f} MiB of traces (it reads them a "
-        f"second time, span by span; automatic up to {WHY_MISSED_AUTO_MAX_BYTES / 2**20:.0f} MiB): --why-missed "
-        "builds it"
-    )
+    assumptions.append(prose.why_missed_skipped_line(total_bytes, WHY_MISSED_AUTO_MAX_BYTES))
     return False
 
 
@@ -337,9 +330,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     slo, requests = options.slo, found.requests
     frontend_s = _frontend_s(requests)
     if frontend_s > 0:
-        found.evidence.append(
-            f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request"
-        )
+        found.evidence.append(prose.frontend_line(frontend_s))
     costs = Costs(step_fit.costs, found.transfer, frontend_s)
     params = EngineParams(
         max_running_requests=options.max_batch,
@@ -348,8 +339,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     )
     budgets = options.chunk_budgets_tokens or _budgets(step_fit, slo, requests, data)
     run = _Run.of(found, costs, params, budgets)
-    found.assumptions += _extrapolation_lines(step_fit, run.windows)
-    found.evidence += _evidence(
+    found.assumptions += prose.extrapolation_lines(step_fit, run.windows)
+    found.evidence += prose.evidence_lines(
         found.measured, step_fit, found.prefill_fit, found.transfer_fit, run.network, current, run.final, run.windows
     )
     gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
@@ -357,7 +348,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram, _served_attainment(found, requests)
     )
     if check:
-        found.evidence.append(_model_check_line(check, slo))
+        found.evidence.append(prose.model_check_line(check, slo))
     if run.final.verdict == Verdict.INSUFFICIENT_DATA:
         return found.report(Verdict.INSUFFICIENT_DATA, run.final.reasons, **run.fields())
     judgement = selfcheck.judge(check, step_fit.r2, slo, step_fit.typical_miss)
@@ -367,7 +358,7 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     found.evidence += judgement.harmless
     confidence = _confidence(run)
     if confidence is not None:
-        found.evidence.append(_confidence_line(confidence))
+        found.evidence.append(prose.confidence_line(confidence))
     return _answer(found, run, check, confidence, _self_check(judgement, outcome))
 
 
@@ -408,31 +399,6 @@ class _Run:
         return dict(goodput=self.goodput, network=self.network, windows=self.windows)
 
 
-def _extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[str]:
-    """What the goodput runs simulated past the largest batch and context the step fit saw: stated, with
-    how the step cost is extended there (an assumption: nothing measured it)."""
-    ran = [r.at_rate for w in windows for r in w.results if r.at_rate is not None]
-    if not ran or step_fit.max_batch_seen <= 0:
-        return []
-    lines = []
-    batch = max(result.max_batch for result in ran)
-    if batch > step_fit.max_batch_seen:
-        c = step_fit.costs
-        lines.append(
-            f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): each request "
-            f"past it is priced at {c.decode_s_per_request_beyond * 1e3:.3g} ms, the marginal cost measured at the "
-            f"largest batches (fitted slope {c.decode_s_per_request * 1e3:.3g} ms), never below it; EXTRAPOLATED, "
-            "and the bootstrap re-measures that slope"
-        )
-    context = max(result.max_context_tokens for result in ran)
-    if context > step_fit.max_context_seen:
-        lines.append(
-            f"batch context up to {context} tokens simulated, past the largest fitted ({step_fit.max_context_seen}): "
-            "the per-token context cost is EXTRAPOLATED linearly"
-        )
-    return lines
-
-
 def _served_attainment(found: _Findings, requests: RequestTable) -> float | None:
     """The measured attainment among the requests that did not fail (the ones the model check replays):
     failed requests never meet the SLO, so it is the measured share over the served share."""
@@ -445,37 +411,30 @@ def _served_attainment(found: _Findings, requests: RequestTable) -> float | None
 def _corrected_report(found: _Findings, run: _Run, check: dict[str, float], judgement: selfcheck.Judgement) -> Report:
     """Misses that matter: correct the model (selfcheck.Correction) and decide again; answer only when the
     corrected decision is the same one, else `insufficient-data` with the original as the unconfirmed guess."""
-    guess = _headline_of(run.final)
-    unconfirmed = f"unconfirmed best guess (not a recommendation while the model misses): {guess}"
+    guess = prose.decision_headline(run.final)
+    unconfirmed = prose.unconfirmed_line(guess)
     correction = judgement.correction
     if correction is None:
-        stops = judgement.refusals or [
-            "no quantile misses to correct the model by: the misses that matter are unexplained"
-        ]
+        stops = judgement.refusals or [prose.NO_QUANTILE_MISSES]
         reasons = judgement.mattering + [r for r in stops if r not in judgement.mattering] + [unconfirmed]
         self_check = _self_check(judgement, selfcheck.Outcome.REFUSED_FIT)
         return _refuse(found, run, check, reasons, guess, self_check)
     corrected = run.at(correction.slo(run.slo))
-    said = _headline_of(corrected.final)
-    correction_line = _correction_line(correction, run.slo, corrected.slo)
+    said = prose.decision_headline(corrected.final)
+    correction_line = prose.correction_line(correction, run.slo, corrected.slo)
     if corrected.final.verdict != Verdict.INSUFFICIENT_DATA and corrected.final.key == run.final.key:
         self_check = _self_check(judgement, selfcheck.Outcome.CORRECTED_SAME_VERDICT, correction, said)
         found.evidence += judgement.mattering + judgement.harmless + [correction_line]
-        found.evidence.append(f"the corrected decision agrees: {said} ({'; '.join(corrected.final.reasons)})")
+        found.evidence.append(prose.corrected_agrees_line(said, corrected.final.reasons))
         confidence = _lower_confidence(_confidence(run), _confidence(corrected))
         if confidence is not None:
-            found.evidence.append(
-                _confidence_line(confidence) + " (the lower of the bootstrap at the measured and at the corrected SLO)"
-            )
+            found.evidence.append(prose.confidence_line(confidence) + prose.LOWER_OF_BOOTSTRAPS)
         return _answer(found, corrected, check, confidence, self_check)
     if _margin_erased(run, corrected):
         outcome = selfcheck.Outcome.REFUSED_MARGIN
-        why = (
-            f"the correction erases its margin: {guess} still ranks first, by less than the "
-            f"{found.options.margin:.0%} margin ({guess} -> {said})"
-        )
+        why = prose.margin_erased_line(guess, said, found.options.margin)
     else:
-        outcome, why = selfcheck.Outcome.REFUSED_FLIPS, f"the correction flips the verdict: {guess} -> {said}"
+        outcome, why = selfcheck.Outcome.REFUSED_FLIPS, prose.flips_line(guess, said)
     self_check = _self_check(judgement, outcome, correction, said)
     reasons = judgement.mattering + [correction_line, why, unconfirmed]
     return _refuse(found, run, check, reasons, guess, self_check)
@@ -489,15 +448,6 @@ def _margin_erased(run: _Run, corrected: _Run) -> bool:
         return False
     at_zero = [decide(current, w.results, 0.0) if w.results else w.decision for w in corrected.windows]
     return combine_windows(current, at_zero).key == run.final.key
-
-
-def _correction_line(correction: selfcheck.Correction, slo: SLO, corrected: SLO) -> str:
-    return (
-        f"self-check correction {correction.describe()}: for the deployment to meet TTFT <= {slo.ttft_s:.3g} s "
-        f"and ITL {slo.itl_stat} <= {slo.itl_s:.3g} s, the model must meet TTFT <= {corrected.ttft_s:.3g} s and "
-        f"ITL {slo.itl_stat} <= {corrected.itl_s:.3g} s; the decision is taken again against those "
-        f"(factors clipped to 1/{selfcheck.MAX_CORRECTION:g}..{selfcheck.MAX_CORRECTION:g})"
-    )
 
 
 def _self_check(
@@ -536,22 +486,12 @@ def _confidence(run: _Run) -> Confidence | None:
     options, step_fit, current = run.found.options, run.found.step_fit, run.found.current
     if not options.confidence_resamples or run.largest is None or step_fit is None or current is None:
         return None
-    return bootstrap(
-        run.final,
-        current,
-        run.largest[1],
-        run.largest[2],
-        step_fit,
-        run.costs,
-        run.slo,
-        options.margin,
-        run.params,
-        options.confidence_resamples,
-        options.seed,
-        min(options.sim_requests, RERUN_REQUESTS),
-        min(options.sim_duration_s, RERUN_DURATION_S),
-        RERUN_SAMPLE_REQUESTS,
+    largest_results, observed = run.largest[1], run.largest[2]
+    decided = Decided(
+        run.final, current, largest_results, observed, step_fit, run.costs, run.slo, options.margin, run.params
     )
+    size = RerunSize(min(options.sim_requests, RERUN_REQUESTS), min(options.sim_duration_s, RERUN_DURATION_S))
+    return bootstrap(decided, options.confidence_resamples, options.seed, size)
 
 
 def _lower_confidence(one: Confidence | None, other: Confidence | None) -> Confidence | None:
@@ -593,17 +533,13 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
     missing: list[str] = []
     assumptions: list[str] = []
     if len(requests) < options.min_requests:
-        missing.append(
-            f"{len(requests)} requests with a root `text_completion` span; need at least {options.min_requests}"
-        )
+        missing.append(prose.too_few_requests_line(len(requests), options.min_requests))
     if current is None:
-        missing.append(
-            "no worker spans (splitscope.prefill/decode/step with splitscope.pool and splitscope.worker): current layout unknown"
-        )
+        missing.append(prose.NO_WORKER_SPANS)
     engine_metrics = read_metrics_file(options.metrics_file) if options.metrics_file else None
     prefill_fit = fit_prefill(requests)
     # A chunked engine without step spans: its prefill windows are several mixed steps, not one stall.
-    chunked = current is not None and current.mode == "chunked" and len(data.steps) < options.min_steps
+    chunked = current is not None and current.mode == Mode.CHUNKED and len(data.steps) < options.min_steps
     step_fit = _step_costs(data, options, missing, assumptions, chunked)
     if chunked and step_fit is not None and current is not None:
         current = _with_inferred_budget(current, requests, step_fit, assumptions)
@@ -611,63 +547,20 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         requests, slo, step_fit.costs if chunked and step_fit is not None else None
     )
     if estimated_itl:
-        how = (
-            "its steps under prefill windows on its worker (chunked prefill: one chunk each) as long as that time net of "
-            "the chunk work over their count, the others decode-only"
-            if chunked
-            else "decode-only iterations of each request's own measured length, plus one stall per prefill that ran on its "
-            "worker during its decode, as long as that prefill"
-        )
-        assumptions.append(
-            f"per-request inter-token gaps ESTIMATED for {estimated_itl} of {len(requests)} requests (their spans carry none): "
-            + how
-        )
+        assumptions.append(prose.estimated_gaps_line(estimated_itl, len(requests), chunked))
     transfer_fit = fit_transfers(data.transfers)
     transfer = _transfer_costs(options, transfer_fit, assumptions)
     gpus = options.gpus or (current.gpus if current else 0)
-    if options.gpus is None and current is not None:
-        assumptions.append(f"GPUs = {gpus}, the workers seen in the traces (--gpus to change)")
-    assumptions.append(
-        f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs"
-    )
-    assumptions.append(
-        f"requests are routed {_ROUTER_WORDS[options.router]} (--router); each simulation replays {options.sim_duration_s:g} s of arrivals "
-        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones"
-    )
-    assumptions.append(
-        f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)"
-    )
-    # Measured on the reference server on 2 shared CPU cores (bench/verdict_ab.py): workers that share
-    # cores slow each other, so step costs depend on how busy the neighbours were when they were fitted.
-    assumptions.append(
-        "step costs are those fitted on the current layout, as its workers shared their hardware: a layout whose "
-        "workers share cores or a GPU differently (CPU serving, several workers per device) runs at other costs, "
-        "not modelled"
-    )
-    assumptions.append(
-        f"a colocated or prefill step takes whole prompts up to {options.max_prefill_tokens_per_step} tokens "
-        "(the first waiting prompt always joins)"
-    )
-    read = {
-        "files": data.files,
-        "lines": data.read.lines,
-        "spans": data.read.spans,
-        "skipped_lines": data.read.skipped_lines,
-        "skipped_spans": data.skipped_spans,
-        "requests": len(requests),
-        "steps": len(data.steps),
-        "transfers": len(data.transfers),
-    }
+    assumptions += prose.run_lines(options, gpus if options.gpus is None and current is not None else None)
     if data.read.skipped_lines or data.skipped_spans:
         first = data.read.first_error or data.first_skip
-        assumptions.append(
-            f"--skip-bad skipped {data.read.skipped_lines} bad lines and {data.skipped_spans} bad spans (first: {first})"
-        )
+        assumptions.append(prose.skipped_line(data.read.skipped_lines, data.skipped_spans, first))
     measured = measure(requests, slo) if len(requests) else None
     evidence = list(options.extra_evidence)
     if engine_metrics is not None:
         evidence += metrics_evidence(engine_metrics, slo.itl_s)
         assumptions += _use_metrics_file(engine_metrics, requests, estimated, slo, measured)
+    fits = _fits_dict(step_fit, prefill_fit, transfer_fit, transfer)
     return _Findings(
         data,
         options,
@@ -678,14 +571,28 @@ def _findings(data: TraceData, options: ReportOptions) -> _Findings:
         transfer_fit,
         transfer,
         gpus,
-        _fits_dict(step_fit, prefill_fit, transfer_fit, transfer),
+        fits,
         measured,
-        read,
+        _read_counts(data, len(requests)),
         evidence,
         assumptions,
         missing,
         engine_metrics,
     )
+
+
+def _read_counts(data: TraceData, requests: int) -> dict[str, Any]:
+    """The report's `read` field: what was read, what was skipped and what it made."""
+    return {
+        "files": data.files,
+        "lines": data.read.lines,
+        "spans": data.read.spans,
+        "skipped_lines": data.read.skipped_lines,
+        "skipped_spans": data.skipped_spans,
+        "requests": requests,
+        "steps": len(data.steps),
+        "transfers": len(data.transfers),
+    }
 
 
 def _use_metrics_file(
@@ -698,7 +605,7 @@ def _use_metrics_file(
     """What the report took from the metrics file, as assumption lines. Where the per-request gaps were
     estimated and the SLO is on a request's p99 or max gap, the measured attainment counts the gaps over
     the SLO from the engine's histogram instead (`measured` is updated in place)."""
-    lines = [f"from the metrics file {engine_metrics.path}: " + "; ".join(metrics_sources(engine_metrics))]
+    lines = [prose.metrics_file_line(engine_metrics.path, metrics_sources(engine_metrics))]
     gaps = engine_metrics.gaps
     if gaps is None or not gaps.count or estimated_gaps is None or measured is None or slo.itl_stat == "mean":
         return lines
@@ -709,12 +616,7 @@ def _use_metrics_file(
     p_itl = np.where(by_spans, itl_ok.astype(float), passes)
     ttft_ok = (requests.ttft_s <= slo.ttft_s) & ~requests.failed
     measured.attainment = float(np.mean(ttft_ok * p_itl)) if len(requests) else 0.0
-    lines.append(
-        f"SLO attainment: for the {int((~by_spans).sum())} requests whose gaps are estimated, the gaps over the ITL SLO "
-        f"are counted from {gaps.family} ({share:.2%} of {gaps.count:.0f} gaps over {slo.itl_s:g} s, interpolated "
-        f"within its bucket) and placed where the estimate puts stalls; a request meets the SLO when its {slo.itl_stat} "
-        "gap stays within it (expected value over where they fall)"
-    )
+    lines.append(prose.metrics_attainment_line(int((~by_spans).sum()), gaps.family, share, gaps.count, slo))
     return lines
 
 
@@ -722,14 +624,9 @@ def _with_inferred_budget(current: Layout, requests: RequestTable, step_fit: Ste
     """The deployed chunked layout with its token budget inferred from request overlap (said so)."""
     budget = chunk_budget_tokens(requests, step_fit.costs)
     if budget is None:
-        assumptions.append(
-            f"the deployed chunk budget is unknown (no step spans, too little overlap): {current.chunk_budget_tokens} assumed"
-        )
+        assumptions.append(prose.unknown_budget_line(current.chunk_budget_tokens))
         return current
-    assumptions.append(
-        f"the deployed chunk budget is INFERRED from request overlap: about {budget} tokens per step (prefill tokens "
-        "per mixed step plus the decodes sharing it)"
-    )
+    assumptions.append(prose.inferred_budget_line(budget))
     return replace(current, chunk_budget_tokens=max(budget, 1))
 
 
@@ -738,31 +635,14 @@ def _step_costs(
 ) -> StepFit | None:
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
-        # Measured on the reference server (bench/verdict_ab.py): a fit on a light run's small batches
-        # under-priced steps at the batch cap, and the goodput predicted there was too high.
-        assumptions.append(
-            f"step costs are fitted on decode batches of up to {int(data.steps.decode_requests.max())} requests; "
-            "rates that need larger batches extrapolate the fit (linear in batch and context)"
-        )
+        assumptions.append(prose.fitted_steps_line(int(data.steps.decode_requests.max())))
         return fit_steps(data.steps)
     estimate = estimate_chunked_steps if chunked else estimate_steps
     step_fit = estimate(data.requests) if len(data.requests) else None
     if step_fit is None:
-        missing.append(
-            f"{len(data.steps)} splitscope.step spans (need {options.min_steps}) and too few prefill/decode spans to estimate step costs"
-        )
+        missing.append(prose.no_step_costs_line(len(data.steps), options.min_steps))
     else:
-        assumptions.append(
-            f"no splitscope.step spans ({len(data.steps)} seen): step costs and interference are ESTIMATED from how requests "
-            "overlap on each worker (decode time against the decode batch and context it ran with, net of the prefills "
-            "that ran on the same worker in its decode window"
-            + (
-                "; chunked prefill (splitscope.mode on the engine's stage spans): the prompt tokens prefilled there "
-                "in its window priced as chunks)"
-                if chunked
-                else ")"
-            )
-        )
+        assumptions.append(prose.estimated_steps_line(len(data.steps), chunked))
     return step_fit
 
 
@@ -809,49 +689,6 @@ def _judge_windows(
     return window_results, largest
 
 
-def _model_check_line(check: dict[str, float], slo: SLO) -> str:
-    return (
-        f"model check on the current layout (pass: {selfcheck.describe_tolerance()}): TTFT p50/p90 predicted "
-        f"{check['predicted_ttft_p50_s']:.3g}/{check['predicted_ttft_p90_s']:.3g} s vs measured "
-        f"{check['measured_ttft_p50_s']:.3g}/{check['measured_ttft_p90_s']:.3g} s; ITL {slo.itl_stat} p50/p90 predicted "
-        f"{check['predicted_itl_p50_s']:.3g}/{check['predicted_itl_p90_s']:.3g} s vs measured "
-        f"{check['measured_itl_p50_s']:.3g}/{check['measured_itl_p90_s']:.3g} s"
-        + "".join(
-            f"; every gap's p{q} predicted {check[f'predicted_gap_p{q}_s']:.3g} s vs the engine's "
-            f"{check[f'measured_gap_p{q}_low_s']:.3g}-{check[f'measured_gap_p{q}_high_s']:.3g} s bucket"
-            for q in selfcheck.GAP_QUANTILES
-            if f"predicted_gap_p{q}_s" in check
-        )
-        + (
-            f"; SLO attainment at the observed rate predicted {check['predicted_attainment']:.1%} vs measured "
-            f"{check['measured_attainment']:.1%}"
-            if "predicted_attainment" in check and "measured_attainment" in check
-            else ""
-        )
-    )
-
-
-def _confidence_line(confidence: Any) -> str:
-    said = ", ".join(
-        f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1])
-    )
-    return (
-        f"confidence {confidence.share:.0%}: {round(confidence.share * confidence.resamples)} of {confidence.resamples} "
-        f"re-runs on resampled requests and step-fit residuals reach the same verdict ({said})"
-    )
-
-
-def _headline_of(decision: Decision) -> str:
-    """The decision in a few words, e.g. `split 2:2` or `enable-chunked-prefill (token budget 256)`."""
-    if decision.verdict == "rebalance":
-        return f"rebalance {decision.from_ratio} -> {decision.ratio}"
-    if decision.verdict == "split":
-        return f"split {decision.ratio}"
-    if decision.verdict == "enable-chunked-prefill" or (decision.verdict == "merge" and decision.chunk_budget_tokens):
-        return f"{decision.verdict} (token budget {decision.chunk_budget_tokens})"
-    return decision.verdict
-
-
 def _with_estimated_gaps(
     requests: RequestTable, slo: SLO, chunked_costs: StepCosts | None = None
 ) -> tuple[RequestTable, int, list[np.ndarray] | None]:
@@ -892,27 +729,23 @@ def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceDat
 def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions: list[str]) -> TransferCosts:
     if options.kv_bytes_per_token is not None:
         per_token = options.kv_bytes_per_token
-        assumptions.append(f"KV bytes per token = {per_token:.0f} (--kv-bytes-per-token)")
+        assumptions.append(prose.kv_bytes_line(per_token, assumed=False))
     elif fit is not None:
         per_token = fit.kv_bytes_per_token
     else:
         per_token = DEFAULT_KV_BYTES_PER_TOKEN
-        assumptions.append(
-            f"KV bytes per token = {per_token:.0f} (assumed: Llama-3-8B bf16; no transfer observed, no --kv-bytes-per-token)"
-        )
+        assumptions.append(prose.kv_bytes_line(per_token, assumed=True))
     if options.link_gbps is not None:
         bandwidth = options.link_gbps * 1e9 / 8
-        assumptions.append(f"link between pools = {options.link_gbps:g} Gb/s per prefill worker (--link-gbps)")
+        assumptions.append(prose.link_line(options.link_gbps, assumed=False))
     elif fit is not None:
         bandwidth = fit.bandwidth_bytes_per_s
     else:
         bandwidth = DEFAULT_LINK_GBPS * 1e9 / 8
-        assumptions.append(
-            f"link between pools = {DEFAULT_LINK_GBPS:g} Gb/s per prefill worker (assumed: no transfer observed, no --link-gbps)"
-        )
+        assumptions.append(prose.link_line(DEFAULT_LINK_GBPS, assumed=True))
     constant = fit.constant_s if fit is not None else DEFAULT_TRANSFER_CONSTANT_S
     if fit is None:
-        assumptions.append(f"KV transfer constant = {constant * 1e3:g} ms per request (assumed)")
+        assumptions.append(prose.transfer_constant_line(constant))
     return TransferCosts(per_token, bandwidth, constant)
 
 
@@ -968,7 +801,7 @@ def _network(
         return {}
     data_bytes_per_request = transfer.kv_bytes_per_token * measured.prompt_tokens_mean
     need_gbps = measured.rate_per_s * data_bytes_per_request * 8 / 1e9
-    split = decision.recommended if decision.recommended and decision.recommended.mode == "disaggregated" else None
+    split = decision.recommended if decision.recommended and decision.recommended.mode == Mode.DISAGGREGATED else None
     prefill_workers = split.prefill_workers if split else 1
     out = {
         "observed_rate_per_s": measured.rate_per_s,
@@ -981,62 +814,6 @@ def _network(
         out["measured_gbps"] = fit.bandwidth_bytes_per_s * 8 / 1e9
         out["mean_exposed_transfer_s"] = fit.mean_exposed_s
     return out
-
-
-def _evidence(
-    measured,
-    step_fit: StepFit,
-    prefill_fit: PrefillFit | None,
-    transfer_fit: TransferFit | None,
-    network: dict[str, float],
-    current: Layout,
-    final: Decision,
-    windows: list[WindowResult],
-) -> list[str]:
-    lines = [f"current layout: {current.label} ({current.gpus} GPUs)"]
-    if measured is not None:
-        lines.append(
-            f"measured: {measured.requests} requests at {measured.rate_per_s:.3g} req/s, SLO attainment {measured.attainment:.1%}, "
-            f"TTFT p90 {measured.ttft_s.get('p90', float('nan')):.3g} s, per-request ITL p90 {measured.itl_s.get('p90', float('nan')):.3g} s"
-        )
-    c = step_fit.costs
-    lines.append(
-        f"step fit ({step_fit.source}, {step_fit.samples} samples, R^2 {step_fit.r2:.3f}): {c.base_s * 1e3:.3g} ms + "
-        f"{c.context_s_per_token * 1e6:.3g} us/context token + {c.decode_s_per_request * 1e3:.3g} ms/request + "
-        f"{c.prefill_s_per_token * 1e6:.3g} us/prefill token + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
-    )
-    if step_fit.interference_factor is not None:
-        lines.append(
-            f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
-            f"and context ({step_fit.interference_samples} samples)"
-        )
-    if prefill_fit is not None:
-        lines.append(
-            f"prefill fit ({prefill_fit.samples} requests, R^2 {prefill_fit.r2:.3f}): {prefill_fit.a_s * 1e3:.3g} ms + "
-            f"{prefill_fit.b_s_per_token * 1e6:.3g} us/token + {prefill_fit.c_s_per_token2 * 1e9:.3g} ns/token^2"
-        )
-    if transfer_fit is not None:
-        lines.append(
-            f"KV transfers: {transfer_fit.samples} observed, {transfer_fit.bandwidth_bytes_per_s * 8 / 1e9:.3g} Gb/s effective, "
-            f"{transfer_fit.constant_s * 1e3:.3g} ms constant, {transfer_fit.mean_exposed_s * 1e3:.3g} ms exposed on average"
-        )
-    if network:
-        lines.append(
-            f"network: a split needs {network['required_gbps_total']:.3g} Gb/s of KV traffic at the observed rate "
-            f"({network['required_gbps_per_prefill_worker']:.3g} Gb/s per prefill worker) against "
-            f"{network['link_gbps_per_prefill_worker']:.3g} Gb/s per prefill worker"
-        )
-    lines += final.reasons
-    if len(windows) > 1:
-        lines.append(
-            "windows: "
-            + "; ".join(
-                f"{w.start_s:.0f}-{w.end_s:.0f} s: {w.decision.verdict}"
-                + (f" {w.decision.ratio}" if w.decision.ratio else "")
-                for w in windows
-            )
-        )
-    return lines
 
 
 def _frontend_s(requests: RequestTable) -> float:
@@ -1127,7 +904,7 @@ def _fits_dict(
         }
         fits["interference_factor"] = step_fit.interference_factor
     if prefill_fit is not None:
-        fits["prefill"] = {
+        fits[Stage.PREFILL] = {
             "a_s": prefill_fit.a_s,
             "b_s_per_token": prefill_fit.b_s_per_token,
             "c_s_per_token2": prefill_fit.c_s_per_token2,

@@ -19,6 +19,7 @@ from tracer.report.decide import Decision, decide
 from tracer.report.fit import StepFit
 from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.simulate import SLO, Costs, EngineParams, Layout, Workload
+from tracer.vocabulary import Mode, Verdict
 
 MIN_RESAMPLES = 20
 # Re-runs simulate at most this much (the main search may simulate more): twenty re-runs must cost a few
@@ -39,38 +40,51 @@ class Confidence:
 def _same(a: Decision, b: Decision) -> bool:
     if a.verdict != b.verdict:
         return False
-    return a.ratio == b.ratio if a.verdict in ("split", "rebalance") else True
+    return a.ratio == b.ratio if a.verdict in (Verdict.SPLIT, Verdict.REBALANCE) else True
 
 
 def _layouts_that_matter(current: Layout, results: list[GoodputResult]) -> list[Layout]:
     ranked = sorted(results, key=lambda r: -r.goodput_per_gpu)
-    chosen = [current] + [r.layout for r in results if r.layout.mode == "colocated"]
-    chosen += [r.layout for r in ranked if r.layout.mode == "chunked"][:1]
-    chosen += [r.layout for r in ranked if r.layout.mode == "disaggregated"][:2]
+    chosen = [current] + [r.layout for r in results if r.layout.mode == Mode.COLOCATED]
+    chosen += [r.layout for r in ranked if r.layout.mode == Mode.CHUNKED][:1]
+    chosen += [r.layout for r in ranked if r.layout.mode == Mode.DISAGGREGATED][:2]
     unique: dict[str, Layout] = {}
     for layout in chosen:
         unique.setdefault(layout.label, layout)
     return list(unique.values())
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A decision and what it was taken from: what a bootstrap takes again."""
+
+    decision: Decision
+    current: Layout
+    results: list[GoodputResult]  # each candidate layout's goodput, simulated on `observed`
+    observed: Workload
+    step_fit: StepFit
+    costs: Costs
+    slo: SLO
+    margin: float
+    params: EngineParams
+
+
+@dataclass(frozen=True)
+class RerunSize:
+    """How much each re-run simulates: at least `min_requests` over `duration_s` of arrivals, drawn from
+    `sample_requests` resampled requests."""
+
+    min_requests: int = RERUN_REQUESTS
+    duration_s: float = RERUN_DURATION_S
+    sample_requests: int = RERUN_SAMPLE_REQUESTS
+
+
 def bootstrap(
-    decision: Decision,
-    current: Layout,
-    results: list[GoodputResult],
-    observed: Workload,
-    step_fit: StepFit,
-    costs: Costs,
-    slo: SLO,
-    margin: float,
-    params: EngineParams,
-    resamples: int = MIN_RESAMPLES,
-    seed: int = 0,
-    min_requests: int = 100,
-    duration_s: float = 10.0,
-    sample_requests: int = 1000,
+    decided: Decided, resamples: int = MIN_RESAMPLES, seed: int = 0, size: RerunSize = RerunSize()
 ) -> Confidence:
     """Re-run the decision `resamples` times on resampled requests and refitted costs."""
     rng = np.random.default_rng(seed)
+    current, results, observed = decided.current, decided.results, decided.observed
     layouts = _layouts_that_matter(current, results)
     # Each re-run starts its search at the main run's answer for that layout: a resample moves it a little.
     main_rates = {r.layout.label: r.rate_per_s for r in results}
@@ -80,23 +94,23 @@ def bootstrap(
     said: dict[str, int] = {}
     agree = 0
     for k in range(resamples):
-        sample = observed.resample(sample_requests, seed + 1 + k)
-        run_costs = replace(costs, step=step_fit.resampled(rng))
+        sample = observed.resample(size.sample_requests, seed + 1 + k)
+        run_costs = replace(decided.costs, step=decided.step_fit.resampled(rng))
         rerun = [
             search_goodput(
                 layout,
                 sample,
                 run_costs,
-                slo,
+                decided.slo,
                 start_rate_per_s=start_rates[layout.label],
-                min_requests=min_requests,
-                duration_s=duration_s,
-                params=params,
+                min_requests=size.min_requests,
+                duration_s=size.duration_s,
+                params=decided.params,
                 bisect_steps=_RERUN_BISECT_STEPS,
             )
             for layout in layouts
         ]
-        again = decide(current, rerun, margin)
+        again = decide(current, rerun, decided.margin)
         said[again.verdict] = said.get(again.verdict, 0) + 1
-        agree += _same(again, decision)
+        agree += _same(again, decided.decision)
     return Confidence(agree / resamples if resamples else float("nan"), resamples, said)

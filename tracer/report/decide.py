@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tracer.report.goodput import GoodputResult
 from tracer.report.simulate import Layout
-from tracer.vocabulary import Verdict
+from tracer.vocabulary import Mode, Verdict
 
 
 @dataclass(frozen=True)
@@ -36,9 +36,9 @@ class Decision:
 
 def candidate_layouts(gpus: int, chunk_budgets_tokens: tuple[int, ...]) -> list[Layout]:
     """Colocated, chunked at each budget, and every P:D split of `gpus`."""
-    layouts = [Layout("colocated", workers=gpus)]
-    layouts += [Layout("chunked", workers=gpus, chunk_budget_tokens=b) for b in chunk_budgets_tokens]
-    layouts += [Layout("disaggregated", prefill_workers=p, decode_workers=gpus - p) for p in range(1, gpus)]
+    layouts = [Layout(Mode.COLOCATED, workers=gpus)]
+    layouts += [Layout(Mode.CHUNKED, workers=gpus, chunk_budget_tokens=b) for b in chunk_budgets_tokens]
+    layouts += [Layout(Mode.DISAGGREGATED, prefill_workers=p, decode_workers=gpus - p) for p in range(1, gpus)]
     return layouts
 
 
@@ -58,7 +58,7 @@ def decide(current: Layout, results: list[GoodputResult], margin: float) -> Deci
         reasons = ["no simulated layout meets both SLOs at the attainment target, even at a trickle of requests"]
         return _keep(current, reasons)
     options = _Options.of(current, results)
-    if current.mode == "disaggregated":
+    if current.mode == Mode.DISAGGREGATED:
         return _from_split(current, options, margin)
     return _from_single_pool(current, options, margin)
 
@@ -77,14 +77,14 @@ class _Options:
     @classmethod
     def of(cls, current: Layout, results: list[GoodputResult]) -> _Options:
         by_label = {r.layout.label: r for r in results}
-        singles = [r for r in results if r.layout.mode != "disaggregated"]
-        splits = [r for r in results if r.layout.mode == "disaggregated" and r.layout.gpus == current.gpus] or [
-            r for r in results if r.layout.mode == "disaggregated"
+        singles = [r for r in results if r.layout.mode != Mode.DISAGGREGATED]
+        splits = [r for r in results if r.layout.mode == Mode.DISAGGREGATED and r.layout.gpus == current.gpus] or [
+            r for r in results if r.layout.mode == Mode.DISAGGREGATED
         ]
         return cls(
             by_label[current.label],
-            next((r for r in singles if r.layout.mode == "colocated"), None),
-            _best([r for r in singles if r.layout.mode == "chunked"]),
+            next((r for r in singles if r.layout.mode == Mode.COLOCATED), None),
+            _best([r for r in singles if r.layout.mode == Mode.CHUNKED]),
             _best(singles),
             _best(splits),
             by_label,
@@ -118,7 +118,7 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
     chunked, colocated = o.chunked, o.colocated
     if chunked is not None and colocated is not None:
         gain = _gain(chunked.goodput_per_gpu, colocated.goodput_per_gpu)
-        if current.mode == "colocated" and gain >= margin:
+        if current.mode == Mode.COLOCATED and gain >= margin:
             reasons = [f"{_fmt(chunked)} beats {_fmt(colocated)} by {_pct(gain)} (margin {_pct(margin)})", split_note]
             return Decision(
                 Verdict.ENABLE_CHUNKED_PREFILL,
@@ -130,7 +130,7 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
             )
         # Deployed chunked: it stays on unless plain colocated beats it by the margin (the same rule as
         # turning it on, from the other side); its budget changes only for a margin's gain over the deployed one.
-        if current.mode == "chunked" and _gain(colocated.goodput_per_gpu, chunked.goodput_per_gpu) < margin:
+        if current.mode == Mode.CHUNKED and _gain(colocated.goodput_per_gpu, chunked.goodput_per_gpu) < margin:
             budget_changes = (
                 chunked.layout.chunk_budget_tokens != current.chunk_budget_tokens
                 and _gain(chunked.goodput_per_gpu, o.now.goodput_per_gpu) >= margin
@@ -162,7 +162,7 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
     return Decision(
         Verdict.STAY_COLOCATED,
         colocated.layout if colocated else current,
-        changes_layout=current.mode != "colocated",
+        changes_layout=current.mode != Mode.COLOCATED,
         reasons=reasons,
     )
 
@@ -209,9 +209,9 @@ def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
 
 
 def _keep(current: Layout, reasons: list[str]) -> Decision:
-    if current.mode == "disaggregated":
+    if current.mode == Mode.DISAGGREGATED:
         return Decision(Verdict.SPLIT, current, ratio=current.ratio, reasons=reasons)
-    if current.mode == "chunked":
+    if current.mode == Mode.CHUNKED:
         return Decision(
             Verdict.ENABLE_CHUNKED_PREFILL, current, chunk_budget_tokens=current.chunk_budget_tokens, reasons=reasons
         )

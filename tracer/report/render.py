@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tracer.report import prose
 from tracer.report.build import Report
 
 FORMATS = ("md", "html", "json")
@@ -32,16 +33,8 @@ def render(report: Report, fmt: str) -> str:
 
 
 def headline(report: Report) -> str:
-    """One line: the verdict and its parameter, e.g. `split 1:3` or `rebalance 3:1 -> 1:3`."""
-    if report.verdict == "rebalance":
-        return f"rebalance {report.from_ratio} -> {report.ratio}"
-    if report.verdict == "split":
-        return f"split {report.ratio}"
-    if report.verdict == "enable-chunked-prefill":
-        return f"enable-chunked-prefill (token budget {report.chunk_budget_tokens})"
-    if report.verdict == "merge" and report.chunk_budget_tokens:
-        return f"merge (colocated with chunked prefill, token budget {report.chunk_budget_tokens})"
-    return report.verdict
+    """One line: the verdict and its parameter, e.g. `split 1:3` or `rebalance 3:1 -> 1:3` (prose.headline)."""
+    return prose.headline(report.verdict, report.ratio, report.from_ratio, report.chunk_budget_tokens)
 
 
 def _clean(value: Any) -> Any:

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MODES = ("colocated", "chunked", "disaggregated")
+from tracer.vocabulary import POOL_OF_ROLE, ROLES_OF_MODE, Mode, Role
+
+MODES = tuple(Mode)
 # How requests are placed on a pool's workers (`EngineParams.router`): least-outstanding is the reference
 # router's (fewest requests in flight; a prefill pool: fewest prompt tokens in flight), round-robin in
 # arrival order, session is rendezvous hashing of the request's session (the reference router's `user`
@@ -143,7 +145,7 @@ class EngineParams:
 class Layout:
     """A deployment: `colocated`/`chunked` with `workers`, or `disaggregated` with prefill:decode workers."""
 
-    mode: str
+    mode: Mode  # a plain string naming one is accepted and made the member
     workers: int = 0
     prefill_workers: int = 0
     decode_workers: int = 0
@@ -151,28 +153,29 @@ class Layout:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ValueError(f"unknown layout mode {self.mode!r}; expected one of {MODES}")
-        if self.mode == "disaggregated":
+            raise ValueError(f"unknown layout mode {self.mode!r}; expected one of {tuple(m.value for m in MODES)}")
+        object.__setattr__(self, "mode", Mode(self.mode))
+        if self.mode == Mode.DISAGGREGATED:
             if self.prefill_workers < 1 or self.decode_workers < 1:
                 raise ValueError("a disaggregated layout needs at least one prefill and one decode worker")
         elif self.workers < 1:
             raise ValueError(f"a {self.mode} layout needs at least one worker")
-        if self.mode == "chunked" and self.chunk_budget_tokens < 1:
+        if self.mode == Mode.CHUNKED and self.chunk_budget_tokens < 1:
             raise ValueError("a chunked layout needs a positive chunk_budget_tokens")
 
     @property
     def gpus(self) -> int:
-        return self.prefill_workers + self.decode_workers if self.mode == "disaggregated" else self.workers
+        return self.prefill_workers + self.decode_workers if self.mode == Mode.DISAGGREGATED else self.workers
 
     @property
     def ratio(self) -> str | None:
-        return f"{self.prefill_workers}:{self.decode_workers}" if self.mode == "disaggregated" else None
+        return f"{self.prefill_workers}:{self.decode_workers}" if self.mode == Mode.DISAGGREGATED else None
 
     @property
     def label(self) -> str:
-        if self.mode == "disaggregated":
+        if self.mode == Mode.DISAGGREGATED:
             return f"split {self.ratio}"
-        if self.mode == "chunked":
+        if self.mode == Mode.CHUNKED:
             return f"chunked {self.chunk_budget_tokens} x{self.workers}"
         return f"colocated x{self.workers}"
 
@@ -353,7 +356,7 @@ class _Worker:
     request) for every request whose last token was produced, in time order, and `prefilled` (time,
     request) for every prompt whose prefill ended (its consumer drains it)."""
 
-    def __init__(self, run: _Run, role: str, log: StepLog | None, worker_id: int) -> None:
+    def __init__(self, run: _Run, role: Role, log: StepLog | None, worker_id: int) -> None:
         self.role, self.run, self.log, self.worker_id = role, run, log, worker_id
         self.out = _WorkerOut({}, {}, {}, {}, {}, [], [])
         self.pending: list[tuple[float, int]] = []  # heap of (ready time, request)
@@ -378,7 +381,7 @@ class _Worker:
         pending, t = self.pending, self.t
         while pending and pending[0][0] <= t:
             request = heapq.heappop(pending)[1]
-            if self.role == "decode":
+            if self.role == Role.DECODE:
                 self.joining.append(request)
             else:
                 self.waiting.append(request)
@@ -390,8 +393,8 @@ class _Worker:
             return 0, 0, []
         params, out = self.run.params, self.out
         max_running = params.max_running_requests
-        room = max_running - self.decode_n - len(self.joining) if self.role != "prefill" else max_running
-        if self.role == "chunked":
+        room = max_running - self.decode_n - len(self.joining) if self.role != Role.PREFILL else max_running
+        if self.role == Role.CHUNKED:
             left = self.run.chunk_budget_tokens - self.decode_n
             return _chunked_prefill(self.waiting, self.remaining, self.run.prefill_need, left, room, self.t, out)
         return _whole_prefill(self.waiting, self.remaining, room, params.max_prefill_tokens_per_step, self.t, out)
@@ -402,7 +405,7 @@ class _Worker:
         The hot loop of every simulation: state lives in locals while it runs (stored back on the way out)."""
         pending, joining, finish_heap = self.pending, self.joining, self.finish_heap
         decode_n, context_sum, t, k = self.decode_n, self.context_sum, self.t, self.k
-        run, out, decode_role = self.run, self.out, self.role == "decode"
+        run, out, decode_role = self.run, self.out, self.role == Role.DECODE
         decode_need, context_at_decode = run.decode_need, run.context_at_decode
         max_running = run.params.max_running_requests
         step = run.costs.step
@@ -465,7 +468,7 @@ class _Worker:
 
     def _prefills_end(self, done: list[int], t: float) -> None:
         """Prompts whose prefill ended at `t`: they decode from the next step on (not on a prefill worker)."""
-        decodes, decode_need = self.role != "prefill", self.run.decode_need
+        decodes, decode_need = self.role != Role.PREFILL, self.run.decode_need
         for request in done:
             self.out.prefill_end_s[request] = t
             self.prefilled.append((t, request))
@@ -616,7 +619,7 @@ def simulate(
     Blocking, CPU only; runs in time linear in the number of steps.
     """
     run = _Run.of(workload, costs, params, layout, noise_sigma, seed, record)
-    if layout.mode in ("colocated", "chunked"):
+    if layout.mode != Mode.DISAGGREGATED:
         _serve_colocated(run, layout)
     else:
         _serve_disaggregated(run, layout)
@@ -721,11 +724,11 @@ class _Run:
     def n(self) -> int:
         return len(self.arrival)
 
-    def pool(self, role: str, count: int, pool: str) -> list[_Worker]:
+    def pool(self, role: Role, count: int) -> list[_Worker]:
         """The `count` workers of one pool, sharing its step log when recording."""
         log = StepLog() if self.steps is not None else None
         if self.steps is not None and log is not None:
-            self.steps[pool] = log
+            self.steps[POOL_OF_ROLE[role]] = log
         return [_Worker(self, role, log, w) for w in range(count)]
 
     def keep_decode_steps(self, workers: list[_Worker]) -> None:
@@ -796,7 +799,8 @@ def _fixed_placement(run: _Run, count: int) -> np.ndarray:
 def _serve_colocated(run: _Run, layout: Layout) -> None:
     """Colocated or chunked workers: each request prefills and decodes on the worker its router picks."""
     count = layout.workers
-    workers = run.pool(layout.mode, count, "colocated")
+    (role,) = ROLES_OF_MODE[layout.mode]
+    workers = run.pool(role, count)
     if run.params.router == "least-outstanding" and count > 1:
         load = _Load(count)
         for request in run.order:
@@ -890,8 +894,8 @@ def _serve_disaggregated(run: _Run, layout: Layout) -> None:
     """Prefill workers, a FIFO link per prefill worker, then decode workers. Under round-robin, decode
     workers take KV caches in ready order; else the router picks both workers at arrival (`_route_split`)."""
     p_count, d_count = layout.prefill_workers, layout.decode_workers
-    prefill = run.pool("prefill", p_count, "prefill")
-    decode = run.pool("decode", d_count, "decode")
+    prefill = run.pool(Role.PREFILL, p_count)
+    decode = run.pool(Role.DECODE, d_count)
     link_free = [0.0] * p_count
     if run.params.router == "round-robin":
         placement = _fixed_placement(run, p_count)

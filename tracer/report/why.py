@@ -70,7 +70,7 @@ _STALL_KIND = {"queueing": "queueing", "kv_transfer": "kv_transfer", "preemption
 _TTFT_PART = {
     "frontend": "frontend",
     "queue": "queueing",
-    "prefill": "own_prefill",
+    s.Stage.PREFILL: "own_prefill",
     "kv_transfer": "kv_transfer",
     "decode_wait": "kv_transfer",
     "unexplained": "batch_or_unexplained",
@@ -169,7 +169,7 @@ def _stall_seconds(stalls: list[dict[str, Any]]) -> dict[str, float]:
         taken = 0.0
         for cause in stall["causes"]:
             kind = cause["kind"]
-            key = prefill_cause(cause["prefill_tokens"]) if kind == "prefill" else _STALL_KIND.get(kind)
+            key = prefill_cause(cause["prefill_tokens"]) if kind == s.Stage.PREFILL else _STALL_KIND.get(kind)
             key = key or "batch_or_unexplained"
             out[key] = out.get(key, 0.0) + cause["share"] * stall["duration_s"]
             taken += cause["share"]

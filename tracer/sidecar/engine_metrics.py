@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tracer.metrics import PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
+from tracer.vocabulary import Pool, Stage
 
 GAUGE = "gauge"
 COUNTER = "counter"
@@ -48,7 +49,7 @@ class FamilyMap:
 _W = ("pool", "worker")
 _REQ = ("gen_ai_request_model", "mode")
 _KV = ("src_pool", "dst_pool")
-_TRANSFER = {"src_pool": "prefill", "dst_pool": "decode"}
+_TRANSFER: dict[str, str] = {"src_pool": Pool.PREFILL, "dst_pool": Pool.DECODE}
 
 VLLM = (
     FamilyMap("vllm:num_requests_waiting", "splitscope_requests_waiting", GAUGE, _W),
@@ -66,7 +67,7 @@ VLLM = (
         "splitscope_tokens",
         COUNTER,
         ("pool", "phase"),
-        {"phase": "prefill"},
+        {"phase": Stage.PREFILL},
         {"source": "local_compute"},
     ),
     FamilyMap(
@@ -74,10 +75,10 @@ VLLM = (
         "splitscope_tokens",
         COUNTER,
         ("pool", "phase"),
-        {"phase": "prefill"},
+        {"phase": Stage.PREFILL},
         unless="vllm:prompt_tokens_by_source",
     ),
-    FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    FamilyMap("vllm:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": Stage.DECODE}),
     FamilyMap("vllm:iteration_tokens_total", STEP_TOKENS, HISTOGRAM, ("pool",)),
     FamilyMap("vllm:num_preemptions", PREEMPTIONS, COUNTER, ("pool",)),
     FamilyMap(
@@ -95,14 +96,14 @@ VLLM = (
         "splitscope_stage_duration_seconds",
         HISTOGRAM,
         ("stage", "pool"),
-        {"stage": "prefill"},
+        {"stage": Stage.PREFILL},
     ),
     FamilyMap(
         "vllm:request_decode_time_seconds",
         "splitscope_stage_duration_seconds",
         HISTOGRAM,
         ("stage", "pool"),
-        {"stage": "decode"},
+        {"stage": Stage.DECODE},
     ),
     FamilyMap("vllm:inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
     FamilyMap("vllm:time_to_first_token_seconds", "gen_ai_server_time_to_first_token_seconds", HISTOGRAM, _REQ),
@@ -149,8 +150,8 @@ SGLANG = (
     FamilyMap("sglang:num_queue_reqs", "splitscope_requests_waiting", GAUGE, _W),
     FamilyMap("sglang:num_running_reqs", "splitscope_requests_running", GAUGE, _W),
     FamilyMap("sglang:token_usage", "splitscope_kv_cache_usage_ratio", GAUGE, _W, aggregate="max"),
-    FamilyMap("sglang:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "prefill"}),
-    FamilyMap("sglang:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    FamilyMap("sglang:prompt_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": Stage.PREFILL}),
+    FamilyMap("sglang:generation_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": Stage.DECODE}),
     FamilyMap("sglang:prompt_tokens", "splitscope_prefix_cache_queried_tokens", COUNTER, ("pool",)),
     FamilyMap("sglang:cached_tokens", "splitscope_prefix_cache_hit_tokens", COUNTER, ("pool",)),
     # Per-stage request latency: SGLang's stage marks -> our stages (prefill side and decode side).
@@ -175,7 +176,7 @@ SGLANG = (
         "splitscope_stage_duration_seconds",
         HISTOGRAM,
         _STAGE,
-        {"stage": "prefill"},
+        {"stage": Stage.PREFILL},
         {"stage": "prefill_forward"},
     ),
     FamilyMap(
@@ -199,7 +200,7 @@ SGLANG = (
         "splitscope_stage_duration_seconds",
         HISTOGRAM,
         _STAGE,
-        {"stage": "decode"},
+        {"stage": Stage.DECODE},
         {"stage": "decode_loop"},
     ),
     FamilyMap("sglang:inter_token_latency_seconds", "splitscope_inter_token_latency_seconds", HISTOGRAM, ("pool",)),
@@ -252,10 +253,12 @@ DYNAMO = (
         "splitscope_tokens",
         COUNTER,
         ("pool", "phase"),
-        {"phase": "prefill"},
+        {"phase": Stage.PREFILL},
         from_sample="sum",
     ),
-    FamilyMap("dynamo_frontend_output_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": "decode"}),
+    FamilyMap(
+        "dynamo_frontend_output_tokens", "splitscope_tokens", COUNTER, ("pool", "phase"), {"phase": Stage.DECODE}
+    ),
     # Disaggregated: prefill result at the router until the decode worker's first token, an upper bound on
     # the transfer (dispatch, network, transfer, one decode pass). Router's name, and the frontend's.
     FamilyMap(

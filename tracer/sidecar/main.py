@@ -10,6 +10,8 @@ from urllib.parse import urlsplit
 
 import click
 
+from tracer.vocabulary import Mode, Pool
+
 ENGINES = ("vllm", "sglang", "dynamo")
 
 
@@ -53,16 +55,16 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Also serve /metrics on this port.")
 @click.option(
     "--pool",
-    type=click.Choice(["colocated", "prefill", "decode"]),
-    default="colocated",
+    type=click.Choice([pool.value for pool in Pool]),
+    default=Pool.COLOCATED.value,
     show_default=True,
     help="The engine's role, for adapted spans and scraped metrics.",
 )
 @click.option("--worker", default="engine", show_default=True, help="The engine instance's name (splitscope.worker).")
 @click.option(
     "--mode",
-    type=click.Choice(["colocated", "chunked", "disaggregated"]),
-    default="colocated",
+    type=click.Choice([mode.value for mode in Mode]),
+    default=Mode.COLOCATED.value,
     show_default=True,
     help="Deployment mode label for request metrics.",
 )

@@ -38,7 +38,7 @@ from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.unix_ingest import UnixIngestServer
 from tracer.sidecar.vllm import ModelNames, VllmAdapter
 from tracer.sidecar.worker_series import WorkerSeries
-from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, DropReason, Mode
+from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ class SidecarConfig:
     unix_socket: str | None = None
     traces_file: str | None = None
     metrics_port: int | None = None
-    pool: str = "colocated"
+    pool: str = Pool.COLOCATED
     worker: str = "engine"
-    mode: str = "colocated"
+    mode: str = Mode.COLOCATED
     model: str = ""  # the served model, for request metrics when the engine's spans name none
     scrape: list[tuple[str, str]] = field(default_factory=list)
     scrape_timeout_s: float = 2.0
@@ -162,7 +162,7 @@ class Sidecar:
     def start(self) -> Sidecar:
         config = self.config
         token = token_for([config.host], config.environ)
-        if config.pool not in ("colocated", "prefill", "decode"):
+        if config.pool not in tuple(Pool):
             raise ValueError(f"pool must be colocated, prefill or decode, got {config.pool!r}")
         self.export.start()
         try:

@@ -34,6 +34,7 @@ from tracer.report.simulate import (
 )
 from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
 from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
+from tracer.vocabulary import Mode, Pool
 
 EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: synthetic traces start here
 _SPANS_PER_LINE = 512  # the BatchSpanProcessor's default export batch
@@ -179,7 +180,9 @@ class _Ids:
 
 
 def _pool_names(layout: Layout) -> tuple[str, str]:
-    return ("prefill", "decode") if layout.mode == "disaggregated" else ("colocated", "colocated")
+    if layout.mode == Mode.DISAGGREGATED:
+        return (Pool.PREFILL, Pool.DECODE)
+    return (Pool.COLOCATED, Pool.COLOCATED)
 
 
 def _worker_resource(pool: str, worker: int) -> dict[str, Any]:
@@ -333,7 +336,7 @@ def _request_spans(
             ),
         )
     )
-    if layout.mode == "disaggregated":
+    if layout.mode == Mode.DISAGGREGATED:
         kv_bytes = int(prompt * costs.transfer.kv_bytes_per_token)
         kv = {
             s.ATTR_KV_BYTES: kv_bytes,
@@ -454,22 +457,22 @@ def scenario(name: str, n_requests: int = 400, seed: int = 1) -> Scenario:
     """Named ground truths used by tests, benches and docs (see tests/report/test_verdicts.py)."""
     if name == "chatty":  # short prompts, loose ITL SLO: interference is harmless, a split only wastes GPUs
         work = synthetic_workload(n_requests, 8.0, prompt_tokens=(50, 150), output_tokens=(100, 300), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.25)
+        return Scenario(Layout(Mode.COLOCATED, workers=4), work, ground_truth_costs(), 1.0, 0.25)
     if name == "long-prompts":  # prompts stall decodes under colocation; chunks of 512 keep ITL in SLO
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(600, 1200), output_tokens=(100, 250), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(), 1.0, 0.1)
+        return Scenario(Layout(Mode.COLOCATED, workers=4), work, ground_truth_costs(), 1.0, 0.1)
     if name == "strict-itl":  # any prefill in a decode step breaks a tight ITL SLO: only a split meets it
         work = synthetic_workload(n_requests, 2.0, prompt_tokens=(2000, 4000), output_tokens=(100, 200), seed=seed)
-        return Scenario(Layout("colocated", workers=4), work, ground_truth_costs(step=LONG_PROMPT_STEP), 2.0, 0.035)
+        return Scenario(Layout(Mode.COLOCATED, workers=4), work, ground_truth_costs(step=LONG_PROMPT_STEP), 2.0, 0.035)
     if name == "wrong-split":  # decode-heavy workload deployed prefill-heavy (3:1)
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(200, 400), output_tokens=(200, 400), seed=seed)
         return Scenario(
-            Layout("disaggregated", prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035
+            Layout(Mode.DISAGGREGATED, prefill_workers=3, decode_workers=1), work, ground_truth_costs(), 1.0, 0.035
         )
     if name == "slow-link":  # strict-itl's split, but the KV crosses a slow link: the transfer eats the TTFT
         work = synthetic_workload(n_requests, 4.0, prompt_tokens=(1000, 2000), output_tokens=(100, 200), seed=seed)
         return Scenario(
-            Layout("disaggregated", prefill_workers=2, decode_workers=2),
+            Layout(Mode.DISAGGREGATED, prefill_workers=2, decode_workers=2),
             work,
             ground_truth_costs(link_gbps=1.0, step=LONG_PROMPT_STEP),
             1.0,
