@@ -159,7 +159,7 @@ def comparison_table(results: dict[str, LoadResult], advised: str | None = None)
         "SLO attainment",
         "goodput req/s",
     ):
-        table.add_column(column, justify="right" if column != "layout" else "left")
+        table.add_column(column, justify="right" if column != "layout" else "left", no_wrap=column == "layout")
     for name, result in results.items():
         s = result.summary
         ttft, itl = s.latency["ttft_s"], s.latency["itl_s"]
