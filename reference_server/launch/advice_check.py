@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tracer.load import LoadResult
+from tracer.load.stats import Summary
 from tracer.report.build import Report
 from tracer.report.predict import Prediction, predict_attainment
 from tracer.report.simulate import Layout
@@ -49,8 +49,8 @@ class AdviceCheck:
     verdict: str
     run: str  # the demo run that served the advised layout
     prediction: Prediction
-    measured: LoadResult
-    baseline: LoadResult  # the run the advice was given on
+    measured: Summary  # the client's, on the run that served the advised layout
+    baseline: Summary  # the client's, on the run the advice was given on
     stays: bool  # the advice is to keep the layout: the check is the advised-on run itself
 
     def line(self) -> str:
@@ -58,21 +58,21 @@ class AdviceCheck:
         p = self.prediction
         return (
             f"advice check: {p.layout.label}: predicted attainment {p.attainment:.0%} at {p.rate_per_s:.2g} req/s, "
-            f"measured {_percent(self.measured.summary.attainment)}"
+            f"measured {_percent(self.measured.attainment)}"
         )
 
     def against_baseline(self) -> str:
         """One line: what the advice changed, as measured, against the run it was given on."""
         if self.stays:
             return "  the advice is to stay: the check is the colocated run itself"
-        before, after = self.baseline.summary, self.measured.summary
+        before, after = self.baseline, self.measured
         return (
             f"  against the colocated run: attainment {_percent(before.attainment)} -> {_percent(after.attainment)}, "
             f"goodput {_rate(before.goodput_rps)} -> {_rate(after.goodput_rps)} req/s"
         )
 
     def to_json(self) -> dict[str, Any]:
-        p, after, before = self.prediction, self.measured.summary, self.baseline.summary
+        p, after, before = self.prediction, self.measured, self.baseline
         return {
             "verdict": self.verdict,
             "layout": p.layout.label,
@@ -90,9 +90,7 @@ class AdviceCheck:
         }
 
 
-def check_advice(
-    report: Report, run: str, measured: LoadResult, baseline: LoadResult, verdict: str
-) -> AdviceCheck | None:
+def check_advice(report: Report, run: str, measured: Summary, baseline: Summary, verdict: str) -> AdviceCheck | None:
     """The check of `report`'s advice as served in `run` (None when it refused or fitted no model)."""
     layout = advised_layout(report)
     prediction = predict_attainment(report, layout) if layout is not None else None

@@ -197,7 +197,7 @@ def serve_advice(
     if run is None:
         run = layout.mode
         results[run], reports[run] = run_layout(run, layout, run_dir, preset, workload, slo, console)
-    check = check_advice(colocated, run, results[run], results["colocated"], headline(colocated))
+    check = check_advice(colocated, run, results[run].summary, results["colocated"].summary, headline(colocated))
     return check if check is not None else "no advice to check: the colocated run's report fitted no model"
 
 
