@@ -188,6 +188,10 @@ class Report:
     # Why the requests that missed the SLO missed it (why.py); None when not computed (no trace files
     # read, or ReportOptions.why_missed off).
     why_missed: dict[str, Any] | None = None
+    # The model the decision was taken with (predict.py replays it on other arrivals); not serialised.
+    # None when no layout was simulated.
+    costs: Costs | None = field(default=None, repr=False)
+    engine_params: EngineParams | None = field(default=None, repr=False)
 
 
 def _quantiles(values: np.ndarray) -> dict[str, float]:
@@ -396,7 +400,13 @@ class _Run:
         return _Run.of(replace(self.found, options=options), self.costs, self.params, self.budgets)
 
     def fields(self) -> dict[str, Any]:
-        return dict(goodput=self.goodput, network=self.network, windows=self.windows)
+        return dict(
+            goodput=self.goodput,
+            network=self.network,
+            windows=self.windows,
+            costs=self.costs,
+            engine_params=self.params,
+        )
 
 
 def _served_attainment(found: _Findings, requests: RequestTable) -> float | None:
