@@ -22,13 +22,14 @@ def serve_argv(layout: Layout) -> list[str]:
     if layout.mode == Mode.DISAGGREGATED:
         return [
             "--mode",
-            Mode.DISAGGREGATED,
+            Mode.DISAGGREGATED.value,
             "--prefill-workers",
             str(layout.prefill_workers),
             "--decode-workers",
             str(layout.decode_workers),
         ]
-    argv = ["--mode", layout.mode, "--workers", str(layout.workers)]
+    # Plain strings: click's Choice reads an Enum member by its name, not its value.
+    argv = ["--mode", str(layout.mode), "--workers", str(layout.workers)]
     if layout.mode == Mode.CHUNKED:
         argv += ["--chunk-budget", str(layout.chunk_budget_tokens)]
     return argv
