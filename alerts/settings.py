@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from tracer.metrics import LATENCY_BUCKETS_S, TOKEN_BUCKETS_S
+from tracer.slo_buckets import ITL_FALLBACK_EDGE_S, ITL_SLO_S, TTFT_FALLBACK_EDGE_S, TTFT_SLO_S
 
 
 @dataclass(frozen=True)
@@ -19,8 +20,9 @@ class AlertSettings:
     """Thresholds (unit in each name) and `for:` durations (Prometheus duration strings) of every alert."""
 
     # Service level objectives. TTFT 2 s and a 100 ms inter-token gap are bucket boundaries (see above).
-    ttft_slo_s: float = 2.0
-    itl_slo_s: float = 0.1
+    # The defaults live in tracer/slo_buckets.py, which the sidecar's bucket check shares.
+    ttft_slo_s: float = TTFT_SLO_S
+    itl_slo_s: float = ITL_SLO_S
     # Share of requests (TTFT) or of token gaps (ITL) that must meet the threshold; sets the error budget.
     slo_objective_ratio: float = 0.99
     # Multiwindow burn rates (Google SRE workbook): 2% of a 30-day budget in 1 h, 5% in 6 h.
@@ -38,8 +40,8 @@ class AlertSettings:
     # rules count those series' requests as good only at or under this edge, the largest one under the SLO
     # that vLLM, SGLang and our catalogue all have. Conservative: requests between it and the SLO count as
     # misses, so a burn is never hidden (it may page somewhat early).
-    ttft_fallback_edge_s: float = 1.0
-    itl_fallback_edge_s: float = 0.075
+    ttft_fallback_edge_s: float = TTFT_FALLBACK_EDGE_S
+    itl_fallback_edge_s: float = ITL_FALLBACK_EDGE_S
 
     # Interference: step time with prefill tokens in the batch over pure-decode step time, on the mean
     # and on the tail (p99 from the step histogram). Either one over its factor counts as interference.

@@ -26,13 +26,13 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from tracer import spans as s
+from tracer.engines import vllm
+from tracer.engines.vllm import VllmAdapter
 from tracer.export.local_sink import MetricsRecorder
 from tracer.metrics import Catalogue
-from tracer.sidecar import vllm
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.overlap import OverlapClassifier
-from tracer.sidecar.vllm import VllmAdapter
 
 BATCH_SPANS = 512
 EPOCH_NS = 1_780_000_000_000_000_000
@@ -115,7 +115,7 @@ def one_round(spans: list[s.SpanData], classify: bool, workdir: Path) -> tuple[f
         queue,
         MetricsRecorder(catalogue),
         traces_file=str(traces),
-        vllm=VllmAdapter(worker="vllm-0", models=vllm.ModelNames("bench")),
+        adapters=[(VllmAdapter(worker="vllm-0", models=vllm.ModelNames("bench")), True)],
         overlap=overlap,
     )
     resource = (("service.name", "vllm"),)

@@ -34,9 +34,9 @@ from tests.prom import running_prometheus
 from tracer import spans as s
 from tracer.alerts.rules import RULES_PATH
 from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
+from tracer.engines import vllm
 from tracer.export.otel import to_readable_span
 from tracer.metrics import ENGINE_SCRAPE_UP, PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
-from tracer.sidecar import vllm
 from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.traces import Span, iter_spans
 from tracer.vocabulary import Verdict

@@ -23,7 +23,7 @@ import numpy as np
 
 from tests.oracle.engine import Iteration, Request, Run
 from tracer import vocabulary as v
-from tracer.sidecar import vllm
+from tracer.engines import vllm
 
 EPOCH_NS = 1_780_000_000_000_000_000
 MODEL = "oracle-8b"

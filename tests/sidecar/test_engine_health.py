@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.sidecar.conftest import FIXTURES, http_get, spans_when
 from tests.sidecar.test_vllm import _send_vllm_span
 from tracer import spans as s
+from tracer.engines import vllm
 from tracer.metrics import ENGINE_SCRAPE_DURATION, ENGINE_SCRAPE_UP
-from tracer.sidecar import vllm
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_model_label_order_span_then_flag_then_resource(caplog):
     assert names.for_span(_request({}), resource) == "from-flag"
     assert vllm.ModelNames().for_span(_request({}), resource) == "from-resource"
 
-    caplog.set_level(logging.WARNING, logger="tracer.sidecar.vllm")
+    caplog.set_level(logging.WARNING, logger="tracer.engines.vllm")
     unknown = vllm.ModelNames()
     assert unknown.for_span(_request({}), {}) == unknown.for_span(_request({}), {}) == vllm.MODEL_UNKNOWN
     assert len([r for r in caplog.records if "name no model" in r.getMessage()]) == 1

@@ -18,6 +18,7 @@ from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Deployment, Run, serve
 from tests.oracle.traces import vllm_request_lines
 from tracer import spans as s
+from tracer.engines.vllm import VllmAdapter
 from tracer.metrics import (
     DECODE_SECONDS_COUNTER,
     DECODE_STEPS_COUNTER,
@@ -32,7 +33,6 @@ from tracer.metrics import (
 )
 from tracer.sidecar.otlp_decode import decode_json
 from tracer.sidecar.overlap import OverlapClassifier
-from tracer.sidecar.vllm import VllmAdapter
 from tracer.vocabulary import Pool
 
 HOLD_S = 30.0

@@ -11,7 +11,7 @@ from opentelemetry.trace import SpanKind
 
 from tests.sidecar.conftest import spans_when
 from tracer import spans as s
-from tracer.sidecar import vllm
+from tracer.engines import vllm
 
 T0 = 1_700_000_000_123_456_789
 QUEUE_S, PREFILL_S, DECODE_S, TTFT_S, E2E_S = 0.0125, 0.25, 1.49, 0.2705, 1.7651

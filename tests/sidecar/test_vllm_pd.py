@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind
 from tests.conftest import wait_for
 from tests.sidecar.conftest import read_spans, spans_when
 from tracer import spans as s
-from tracer.sidecar import vllm
+from tracer.engines import vllm
 
 MS = 1_000_000
 T0 = 1_700_000_000_000_000_000

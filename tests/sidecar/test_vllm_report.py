@@ -11,10 +11,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from tests.sidecar.conftest import spans_when
+from tracer.engines import vllm
 from tracer.report.build import ReportOptions, report_from_data
 from tracer.report.simulate import SLO
 from tracer.report.tables import load_traces
-from tracer.sidecar import vllm
 
 REQUESTS = 60
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracer import spans as s
+from tracer.engines import vllm
 from tracer.report.read import StepColumns
 from tracer.report.tables import VLLM_REQUEST_SPAN, StepTable, TraceDataError, _step_table, _take
-from tracer.sidecar import vllm
 from tracer.traces import SPAN_KIND_SERVER, ReadStats, Span, TraceFileError, iter_spans
 
 _STAGE_NAMES = frozenset((s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_KV_TRANSFER, s.SPAN_KV_RECV, s.SPAN_DECODE))

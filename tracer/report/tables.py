@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from tracer import spans as s
+from tracer.engines import vllm
 from tracer.report.read import StepColumns, iter_report_spans
-from tracer.sidecar import vllm
 from tracer.traces import (
     SPAN_KIND_SERVER,
     STATUS_ERROR,

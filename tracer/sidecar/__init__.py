@@ -8,12 +8,10 @@
     unix_ingest.py   the Unix-socket server
     otlp_http.py     OTLP/HTTP receiver (aiohttp) and /metrics
     otlp_grpc.py     OTLP/gRPC receiver
-    vllm.py          vLLM `llm_request` (and proposed lifecycle) spans -> our stage spans
-    sglang.py        SGLang's request trace slices -> our stage spans
-    engine_metrics.py  mapping tables: vLLM / SGLang / Dynamo metric families -> our catalogue
     scrape.py        a prometheus_client Collector that scrapes an engine and re-yields our names
+                     (through the mapping tables of tracer.engines.metrics)
     fast_json.py     SpanData -> OTLP/JSON line, byte-identical to tracer.export.otel.encode_line
-    export.py        the export thread: adapters, metrics, file and OTLP export
+    export.py        the export thread: engine adapters (tracer.engines), metrics, file and OTLP export
     server.py        wires all of the above into one running sidecar
     main.py          `splitscope sidecar`
 

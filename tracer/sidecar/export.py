@@ -3,13 +3,10 @@
 Per span:
 - our vocabulary (`splitscope.*`, `text_completion *`): exported unchanged and fed to MetricsRecorder,
   exactly as a worker's in-process LocalSink would;
-- vLLM's `llm_request` (vllm.py): exported unchanged, plus our stage spans under it; the stage spans
-  and a metrics-only request span feed the metrics unless `vllm_span_metrics` is off (when the same
-  families come from scraping vLLM's /metrics: one source per engine, docs/engines.md);
-- vLLM's proposed lifecycle spans (`vllm_queue`, `vllm_prefill`, ...): exported unchanged, each with our
-  stage span beside it, metered like the derived ones;
-- SGLang's trace slices (sglang.py): exported unchanged, each with our stage span beside it, metered
-  unless SGLang's /metrics is scraped (`sglang_span_metrics` off);
+- an engine's own spans (`tracer.engines`: vLLM's `llm_request` and lifecycle spans, SGLang's trace
+  slices): exported unchanged, with the stage spans its adapter makes beside them; the stages (and vLLM's
+  metrics-only request span) feed the metrics unless that engine's /metrics is scraped instead (the
+  adapter's meter flag off: one source per engine, docs/engines.md);
 - anything else: exported unchanged, no metrics.
 
 The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to the request-level
@@ -32,13 +29,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor
 
 from tracer import spans as s
+from tracer.engines import EngineAdapter
 from tracer.export.local_sink import LocalSink, MetricsRecorder
 from tracer.sidecar.fast_json import LineEncoder, resource_prefix
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.overlap import OverlapClassifier
-from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.tail_sampler import TailSampler
-from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import append_line
 
 log = logging.getLogger(__name__)
@@ -63,10 +59,7 @@ class SpanExport:
         *,
         traces_file: str | None = None,
         processors: Sequence[SpanProcessor] = (),
-        vllm: VllmAdapter | None = None,
-        vllm_span_metrics: bool = True,
-        sglang: SglangAdapter | None = None,
-        sglang_span_metrics: bool = True,
+        adapters: Sequence[tuple[EngineAdapter, bool]] = (),
         on_error: Callable[[str, int], None] | None = None,
         tail_sampler: TailSampler | None = None,
         overlap: OverlapClassifier | None = None,
@@ -76,10 +69,9 @@ class SpanExport:
         self.metrics_for = metrics if callable(metrics) else lambda _resource: metrics
         self.traces_file = traces_file
         self.processors = list(processors)
-        self.vllm = vllm
-        self.vllm_span_metrics = vllm_span_metrics
-        self.sglang = sglang
-        self.sglang_span_metrics = sglang_span_metrics
+        # (adapter, meter its stages): first match wins; meter False where the engine's /metrics is
+        # scraped instead (one source per engine, docs/engines.md)
+        self.adapters = list(adapters)
         self._on_error = on_error
         self.tail_sampler = tail_sampler  # between metering and export: metrics see every span
         self.overlap = overlap
@@ -141,31 +133,25 @@ class SpanExport:
 
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        vllm, sglang, overlap = self.vllm, self.sglang, self.overlap
+        adapters, overlap = self.adapters, self.overlap
         out = []
         metered = []
-        resource: dict | None = None
+        resource = dict(batch.resource) if adapters else {}
         for span in batch.spans:
-            if vllm is not None and vllm.matches(span):
+            adaptation = None
+            for adapter, meter in adapters:
+                adaptation = adapter.adapt(span, resource)
+                if adaptation is not None:
+                    break
+            if adaptation is not None:  # an engine's span: exported as it is, with our stages beside it
                 out.append(span)
-                stages = vllm.stage_spans(span)
-                out.extend(stages)
+                out.extend(adaptation.stages)
                 if overlap is not None:
-                    for stage in stages:
+                    for stage in adaptation.stages:
                         overlap.add(stage)
-                if self.vllm_span_metrics:
-                    metered.extend(stages)
-                    if resource is None:
-                        resource = dict(batch.resource)
-                    metered.append(vllm.request_metrics_span(span, resource))
-                continue
-            if vllm is not None and vllm.is_lifecycle(span):
-                out.append(span)
-                self._add_stage(vllm.lifecycle_stage(span), self.vllm_span_metrics, out, metered)
-                continue
-            if sglang is not None and sglang.matches(span):
-                out.append(span)
-                self._add_stage(sglang.stage_span(span), self.sglang_span_metrics, out, metered)
+                if meter:
+                    metered.extend(adaptation.stages)
+                    metered.extend(adaptation.metrics_only)
                 continue
             if is_ours(span):
                 metered.append(span)
@@ -173,19 +159,6 @@ class SpanExport:
                 out.append(span)
         self.metrics_for(batch.resource).record_many(metered)
         return out
-
-    def _add_stage(
-        self, stage: s.SpanData | None, meter: bool, out: list[s.SpanData], metered: list[s.SpanData]
-    ) -> None:
-        """The stage span an adapter made from one engine span, if any: exported, fed to the overlap
-        classifier, and metered when `meter`."""
-        if stage is None:
-            return
-        out.append(stage)
-        if self.overlap is not None:
-            self.overlap.add(stage)
-        if meter:
-            metered.append(stage)
 
     def _export(self, resource: tuple, spans: list[s.SpanData]) -> int:
         if self.traces_file:

@@ -30,8 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from tracer.metrics import ENGINE_SCRAPE_DURATION, ENGINE_SCRAPE_UP
-from tracer.sidecar.engine_metrics import (
+from tracer.engines.metrics import (
     COUNTER,
     ENGINE_INDEX_LABELS,
     ENGINES,
@@ -40,6 +39,8 @@ from tracer.sidecar.engine_metrics import (
     MODEL_LABELS,
     FamilyMap,
 )
+from tracer.metrics import ENGINE_SCRAPE_DURATION, ENGINE_SCRAPE_UP
+from tracer.slo_buckets import missing_slo_edges
 
 log = logging.getLogger(__name__)
 
@@ -196,8 +197,6 @@ _SLO_EDGE_WARNED: set[str] = set()
 
 def warn_missing_slo_edges(engine: str, families: list[Metric]) -> None:
     """Log once per layout when an engine's TTFT/ITL buckets lack the SLO edge the burn rules count at."""
-    from tracer.alerts.buckets import missing_slo_edges  # the SLOs live with the alert rules (alerts/settings.py)
-
     for warning in missing_slo_edges(families):
         if warning not in _SLO_EDGE_WARNED:
             _SLO_EDGE_WARNED.add(warning)

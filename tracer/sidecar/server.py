@@ -22,6 +22,7 @@ from wsgiref.simple_server import WSGIServer
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from tracer.engines import span_adapters
 from tracer.export.gpu import GpuSampler
 from tracer.export.otel import span_processors
 from tracer.metrics import NAMESPACE_LABEL, Catalogue, serve_metrics
@@ -33,10 +34,8 @@ from tracer.sidecar.otlp_grpc import start_grpc_server
 from tracer.sidecar.otlp_http import DEFAULT_MAX_BODY_BYTES, make_app
 from tracer.sidecar.overlap import DEFAULT_HOLD_S, OverlapClassifier
 from tracer.sidecar.scrape import EngineScraper, merged_registry
-from tracer.sidecar.sglang import SglangAdapter
 from tracer.sidecar.tail_sampler import TailSampler
 from tracer.sidecar.unix_ingest import UnixIngestServer
-from tracer.sidecar.vllm import ModelNames, VllmAdapter
 from tracer.sidecar.worker_series import WorkerSeries
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, DropReason, Mode, Pool
 
@@ -116,11 +115,13 @@ class Sidecar:
                 on_drop=lambda n: self._count_drop(DropReason.EXPORT_QUEUE_FULL, n),
                 on_export_failed=lambda n: self._count_drop(DropReason.EXPORT_FAILED, n),
             ),
-            vllm=VllmAdapter(pool=config.pool, worker=config.worker, mode=config.mode, models=ModelNames(config.model)),
-            # One source per engine: when vLLM's /metrics is scraped, its families come from there.
-            vllm_span_metrics="vllm" not in scraped_engines,
-            sglang=SglangAdapter(pool=config.pool, worker=config.worker),
-            sglang_span_metrics="sglang" not in scraped_engines,
+            # One source per engine: when an engine's /metrics is scraped, its families come from there.
+            adapters=[
+                (adapter, adapter.engine not in scraped_engines)
+                for adapter in span_adapters(
+                    pool=config.pool, worker=config.worker, mode=config.mode, model=config.model
+                )
+            ],
             on_error=self._count_drop,
             tail_sampler=self._tail_sampler(config),
             overlap=OverlapClassifier(

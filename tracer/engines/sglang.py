@@ -25,9 +25,12 @@ they stay visible as SGLang's own slices), chunked_prefill (sub-slices of prefil
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracer import spans as s
+from tracer.engines.adapter import Adaptation
 
 SLICE_STAGES = {
     "prefill_waiting": s.SPAN_QUEUE,
@@ -49,6 +52,16 @@ class SglangAdapter:
     worker: str = "sglang"
     max_traces: int = 65_536
     _made: OrderedDict[tuple[int, int], set[str]] = field(default_factory=OrderedDict, repr=False)
+
+    engine = "sglang"
+
+    def adapt(self, span: s.SpanData, resource: Mapping[str, Any]) -> Adaptation | None:
+        """`tracer.engines.EngineAdapter.adapt`: our stage beside one of SGLang's slices (none when its
+        thread already has that stage); None for any other span."""
+        if not self.matches(span):
+            return None
+        stage = self.stage_span(span)
+        return Adaptation([] if stage is None else [stage])
 
     def matches(self, span: s.SpanData) -> bool:
         return span.name in SLICE_STAGES

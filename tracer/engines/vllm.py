@@ -32,10 +32,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from tracer import spans as s
+from tracer.engines.adapter import Adaptation
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class ModelNames:
     configured: str = ""
     _warned: bool = field(default=False, repr=False)
 
-    def for_span(self, span: s.SpanData, resource: dict[str, Any]) -> str:
+    def for_span(self, span: s.SpanData, resource: Mapping[str, Any]) -> str:
         own = span.attributes.get(ATTR_RESPONSE_MODEL) or span.attributes.get(s.ATTR_MODEL)
         if isinstance(own, str) and own:
             return own
@@ -123,6 +125,18 @@ class VllmAdapter:
     mode: str = s.Mode.COLOCATED
     models: ModelNames = field(default_factory=ModelNames)
     lifecycle: LifecycleTraces = field(default_factory=LifecycleTraces)
+
+    engine = "vllm"
+
+    def adapt(self, span: s.SpanData, resource: Mapping[str, Any]) -> Adaptation | None:
+        """`tracer.engines.EngineAdapter.adapt`: stages under an `llm_request` (with its metrics-only
+        request span), or beside a lifecycle span; None for any other span."""
+        if self.matches(span):
+            return Adaptation(self.stage_spans(span), [self.request_metrics_span(span, resource)])
+        if self.is_lifecycle(span):
+            stage = self.lifecycle_stage(span)
+            return Adaptation([] if stage is None else [stage])
+        return None
 
     def matches(self, span: s.SpanData) -> bool:
         return span.name == SPAN_NAME and ATTR_E2E in span.attributes
@@ -226,7 +240,7 @@ class VllmAdapter:
             error_type=span.error_type,
         )
 
-    def request_metrics_span(self, span: s.SpanData, resource: dict[str, Any] | None = None) -> s.SpanData:
+    def request_metrics_span(self, span: s.SpanData, resource: Mapping[str, Any] | None = None) -> s.SpanData:
         """A metrics-only SERVER span shaped like our root span, for gen_ai_server_* (never exported)."""
         attrs = span.attributes
         e2e_s = _seconds(attrs.get(ATTR_E2E)) or (span.end_ns - span.start_ns) / 1e9
