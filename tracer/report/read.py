@@ -1,15 +1,15 @@
 """The report's trace reader: every record of the trace files, decoded into only what the report reads.
 
-Records come from `tracer.traces.iter_counted_records` (OTLP/JSON lines or the collector's length-prefixed
-protobuf, told apart by content). Step spans are most of a trace file (one per engine iteration, about 90%
+Records come from the codec (`tracer.otlp.files.iter_counted_records`: OTLP/JSON lines or the collector's
+length-prefixed protobuf, told apart by content). Step spans are most of a trace file (one per engine iteration, about 90%
 of a million spans), so an OTLP/JSON step span that is well formed goes straight into `StepColumns`: no
 `Span`, no attribute dict, no per-span object kept; its ids, events and the attributes the report does not
-use are not read. Every other span becomes a `tracer.traces.Span` without events and with an empty
+use are not read. Every other span becomes a `tracer.otlp.Span` without events and with an empty
 resource (the report reads neither) for `tracer.report.tables` to interpret.
 
-msgspec decodes each JSON line into small structs (`_Span` and its attributes; scopes, resources, links and
-events are skipped by the decoder without being built). A line the structs refuse, or a non-step span whose
-ids are not hex, is read again whole by `tracer.traces.spans_from_record`, so a bad line fails with the
+Each JSON line is decoded by the codec's typed decoder (`tracer.otlp.typed`: msgspec structs, with
+scopes, resources, links and events skipped). A line the structs refuse, or a non-step span whose ids are
+not hex, is read again whole by `tracer.otlp.decode.spans_from_record`, so a bad line fails with the
 generic reader's message; a step span that lacks an attribute or carries one of another type is handed on as
 a `Span`, so `tracer.report.tables` names what is wrong with it. Protobuf records are read by
 `spans_from_record` into `Span`s (the opentelemetry-proto messages), steps included.
@@ -25,8 +25,18 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import msgspec
-
+from tracer.otlp.decode import parse_proto, span_from_proto, spans_from_record
+from tracer.otlp.files import ReadStats, TraceFormat, describe_error, iter_counted_records, record_error
+from tracer.otlp.format import Span, TraceFileError
+from tracer.otlp.typed import (
+    TYPED_REFUSALS,
+    JsonSpan,
+    decode_request,
+    span_from_struct,
+    struct_attributes,
+    struct_number,
+)
+from tracer.otlp.values import proto_attributes
 from tracer.spans import (
     ATTR_POOL,
     ATTR_SAMPLE_WEIGHT,
@@ -37,82 +47,6 @@ from tracer.spans import (
     ATTR_WORKER,
     SPAN_STEP,
 )
-from tracer.traces import (
-    STATUS_UNSET,
-    ReadStats,
-    Span,
-    TraceFileError,
-    TraceFormat,
-    _describe,
-    _proto_attributes,
-    iter_counted_records,
-    parse_proto,
-    record_error,
-    span_from_proto,
-    spans_from_record,
-)
-
-# gc=False: a decoded line is a tree (no reference cycles), so the cyclic collector need not track its
-# millions of structs.
-
-
-class _Value(msgspec.Struct, gc=False):
-    # Decoded with strict=False: proto3 JSON writes int64 as a decimal string, doubles as "NaN"/"Infinity".
-    intValue: int | None = None
-    stringValue: str | None = None
-    doubleValue: float | None = None
-    boolValue: bool | None = None
-    arrayValue: _ArrayValue | None = None
-    kvlistValue: _KeyValueList | None = None
-    bytesValue: str | None = None
-
-
-class _KeyValue(msgspec.Struct, gc=False):
-    key: str
-    value: _Value | None = None
-
-
-class _ArrayValue(msgspec.Struct, gc=False):
-    values: list[_Value] = []
-
-
-class _KeyValueList(msgspec.Struct, gc=False):
-    values: list[_KeyValue] = []
-
-
-class _Status(msgspec.Struct, gc=False):
-    code: int = STATUS_UNSET
-    message: str = ""
-
-
-class _Span(msgspec.Struct, gc=False):
-    traceId: str
-    spanId: str
-    name: str
-    startTimeUnixNano: int
-    endTimeUnixNano: int
-    parentSpanId: str = ""
-    kind: int = 0
-    attributes: list[_KeyValue] = []
-    status: _Status | None = None
-
-
-class _ScopeSpans(msgspec.Struct, gc=False):
-    spans: list[_Span] = []
-
-
-class _ResourceSpans(msgspec.Struct, gc=False):
-    scopeSpans: list[_ScopeSpans] = []
-
-
-class _ExportTraceServiceRequest(msgspec.Struct, gc=False):
-    """One OTLP/JSON line: an `ExportTraceServiceRequest` object (see tracer.traces); only its spans are read."""
-
-    resourceSpans: list[_ResourceSpans]
-
-
-_decode = msgspec.json.Decoder(_ExportTraceServiceRequest, strict=False).decode
-_TYPED_REFUSALS = (msgspec.DecodeError, msgspec.ValidationError, ValueError)
 
 
 class StepColumns:
@@ -159,7 +93,7 @@ class StepColumns:
         self.prefill_attention_tokens2.append(prefill_attention_tokens2)
         self.weight.append(weight)
 
-    def append_json(self, span: _Span) -> bool:
+    def append_json(self, span: JsonSpan) -> bool:
         """Append a decoded OTLP/JSON step span whose attributes are exactly as the contract types them
         (pool and worker non-empty strings, token counts ints, attention work and weight numbers, weight
         >= 1); return False, appending nothing, for anything else, so the caller hands it on as a `Span`
@@ -184,11 +118,11 @@ class StepColumns:
             elif slot == 4:
                 context = value.intValue
             elif slot == 5:
-                attention = _number(value)
+                attention = struct_number(value)
                 if attention is None:
                     return False
             else:
-                weight = _number(value)
+                weight = struct_number(value)
                 if weight is None or not weight >= 1:  # NaN or below 1: the Span path decides
                     return False
         if (
@@ -280,65 +214,7 @@ _STEP_SLOTS = {
 }
 
 
-def _number(value: _Value) -> int | float | None:
-    """The value as the generic reader orders its fields (int, string, double, ...), if it is a number."""
-    if value.intValue is not None:
-        return value.intValue
-    if value.stringValue is None and value.doubleValue is not None:
-        return value.doubleValue
-    return None
-
-
-def _value(value: _Value | None):  # type: ignore[no-untyped-def]
-    """What `tracer.traces` gives for the same JSON value (its field order; arrays as lists, key-value
-    lists as dicts). Raises nothing: the structs have checked the shape."""
-    if value is None:
-        return None
-    if value.intValue is not None:
-        return value.intValue
-    if value.stringValue is not None:
-        return value.stringValue
-    if value.doubleValue is not None:
-        return value.doubleValue
-    if value.boolValue is not None:
-        return value.boolValue
-    if value.arrayValue is not None:
-        return [_value(item) for item in value.arrayValue.values]
-    if value.kvlistValue is not None:
-        return {kv.key: _value(kv.value) for kv in value.kvlistValue.values}
-    return value.bytesValue
-
-
-class _NotHex(ValueError):
-    """An id the generic reader refuses: the line is read again by it for its message."""
-
-
-def _hex(value: str, length: int) -> str:
-    if len(value) != length:
-        raise _NotHex
-    int(value, 16)  # ValueError when not hex
-    return value.lower()
-
-
-def _span(raw: _Span) -> Span:
-    """A non-step span (ids checked) as the report's tables read it."""
-    status = raw.status
-    return Span(
-        trace_id=_hex(raw.traceId, 32),
-        span_id=_hex(raw.spanId, 16),
-        parent_span_id=_hex(raw.parentSpanId, 16) if raw.parentSpanId else "",
-        name=raw.name,
-        kind=raw.kind,
-        start_ns=raw.startTimeUnixNano,
-        end_ns=raw.endTimeUnixNano,
-        attributes={kv.key: _value(kv.value) for kv in raw.attributes},
-        resource={},
-        status_code=status.code if status is not None else STATUS_UNSET,
-        status_message=status.message if status is not None else "",
-    )
-
-
-def _step_span(raw: _Span) -> Span:
+def _step_span(raw: JsonSpan) -> Span:
     """A step span `StepColumns.append_json` refused, for the tables to read or name what is wrong; its
     ids are not read by the report, so they are passed through unchecked."""
     return Span(
@@ -349,7 +225,7 @@ def _step_span(raw: _Span) -> Span:
         kind=raw.kind,
         start_ns=raw.startTimeUnixNano,
         end_ns=raw.endTimeUnixNano,
-        attributes={kv.key: _value(kv.value) for kv in raw.attributes},
+        attributes=struct_attributes(raw.attributes),
         resource={},
     )
 
@@ -364,7 +240,7 @@ def _proto_step_span(raw: Any) -> Span:
         kind=raw.kind,
         start_ns=raw.start_time_unix_nano,
         end_ns=raw.end_time_unix_nano,
-        attributes=_proto_attributes(raw.attributes),
+        attributes=proto_attributes(raw.attributes),
         resource={},
     )
 
@@ -380,15 +256,15 @@ def _typed_proto(record: bytes) -> list[Any]:
     return out
 
 
-def _typed_line(line: bytes) -> list[_Span | Span]:
+def _typed_line(line: bytes) -> list[JsonSpan | Span]:
     """A JSON line's spans in order: step spans as decoded structs, the others as `Span`s. Raises one of
     _TYPED_REFUSALS when the line must be read the generic way; builds nothing for the columns yet, so a
     refused line leaves no half of itself behind."""
-    out: list[_Span | Span] = []
-    for resource_spans in _decode(line).resourceSpans:
+    out: list[JsonSpan | Span] = []
+    for resource_spans in decode_request(line).resourceSpans:
         for scope_spans in resource_spans.scopeSpans:
             for raw in scope_spans.spans:
-                out.append(raw if raw.name == SPAN_STEP else _span(raw))
+                out.append(raw if raw.name == SPAN_STEP else span_from_struct(raw))
     return out
 
 
@@ -402,7 +278,7 @@ def iter_report_spans(
     """The spans of `paths` the report reads, in file order; with `steps`, well-formed OTLP/JSON step spans
     are appended to it instead of being yielded (the others, steps included, are yielded as `Span`s).
 
-    Lines (records), spans, errors and `skip_bad` counts are those of `tracer.traces.iter_spans`, except that
+    Lines (records), spans, errors and `skip_bad` counts are those of `tracer.otlp.decode.iter_spans`, except that
     step spans' ids are not checked. Raises TraceFileError naming file and line (record).
     """
     stats = stats if stats is not None else ReadStats()
@@ -412,13 +288,13 @@ def iter_report_spans(
             json = trace_format is TraceFormat.OTLP_JSON
             try:
                 typed = _typed_line(record) if json else _typed_proto(record)
-            except _TYPED_REFUSALS:
+            except TYPED_REFUSALS:
                 typed = None
             if typed is None:
                 try:
                     generic = spans_from_record(trace_format, record)
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    record_error(TraceFileError(str(path), number, _describe(exc)), skip_bad, stats)
+                    record_error(TraceFileError(str(path), number, describe_error(exc)), skip_bad, stats)
                     continue
                 stats.spans += len(generic)
                 yield from generic

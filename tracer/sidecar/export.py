@@ -13,8 +13,8 @@ The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to
 interference classifier (overlap.py): noted while a batch is adapted, classified once per drain (and
 when the queue is idle), on this thread.
 
-Export: `--traces-file` through the fast OTLP/JSON line encoder (fast_json.py, one line per resource per
-drain, appended with tracer.traces.append_line), and any OTLP exporter from the OTEL_* environment through
+Export: `--traces-file` through the codec's fast OTLP/JSON line encoder (tracer.otlp.encode, one line per
+resource per drain, appended with tracer.otlp.files.append_line), and any OTLP exporter from the OTEL_* environment through
 the SDK's BatchSpanProcessor behind a `tracer.export.local_sink.LocalSink` per resource. Runs on one daemon thread;
 an exception in one batch is logged and the thread goes on.
 """
@@ -31,11 +31,11 @@ from opentelemetry.sdk.trace import SpanProcessor
 from tracer import spans as s
 from tracer.engines import EngineAdapter
 from tracer.export.local_sink import LocalSink, MetricsRecorder
-from tracer.sidecar.fast_json import LineEncoder, resource_prefix
+from tracer.otlp.encode import LineEncoder, resource_prefix
+from tracer.otlp.files import append_line
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.overlap import OverlapClassifier
 from tracer.sidecar.tail_sampler import TailSampler
-from tracer.traces import append_line
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tracer import spans as s
 from tracer.export.otel import encode_line, make_resource, to_readable_span
-from tracer.sidecar.fast_json import LineEncoder, resource_prefix
+from tracer.otlp.encode import LineEncoder, resource_prefix
 
 RESOURCE = make_resource("svc", {"deployment.environment": "test", "ports": [1, 2]})
 

@@ -1,7 +1,9 @@
-"""SpanData -> one OTLP/JSON line, without building SDK spans: the sidecar's file-export fast path.
+"""Writing OTLP/JSON lines: SpanData without building SDK spans (the sidecar's file export), and SDK spans.
 
-The output is byte-for-byte what `tracer.export.otel.encode_line([to_readable_span(d, resource) ...])` writes
-for the same spans (tests/sidecar/test_fast_json.py checks it), about ten times faster: the resource and
+`encode_sdk_line` is the reference: the OpenTelemetry project's own OTLP JSON encoder over finished SDK
+spans (what a worker exporting in-process writes; the SDK is imported when it is called). `LineEncoder`
+writes byte-for-byte what `encode_sdk_line([to_readable_span(d, resource) ...])` writes for the same spans
+(tests/otlp/test_encode.py checks it), about ten times faster: the resource and
 scope prefix is encoded once per resource, and attribute key/value fragments that repeat (pool, worker,
 timing source, ...) come from a bounded memo. One difference by design: span kinds CLIENT, PRODUCER and
 CONSUMER (from spans received over OTLP) are kept, where `to_readable_span` maps them to INTERNAL.
@@ -11,53 +13,21 @@ Not thread-safe per instance (the memo): one encoder per export thread.
 
 from __future__ import annotations
 
-import base64
 import json
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tracer.otlp.values import any_value_json, key_value_json
+from tracer.otlp.values import json_string as _str
 from tracer.spans import ATTR_ERROR_TYPE, SpanData
 
-_str = json.JSONEncoder(separators=(",", ":")).encode  # ensure_ascii, as the OpenTelemetry encoder
 SCOPE_JSON = '{"name":"splitscope.tracer","version":"0.1.0"}'
 _MEMO_LIMIT = 65536
 
 
-def any_value(value: Any) -> str:
-    """The OTLP/JSON AnyValue object for one attribute value (the OpenTelemetry encoder's type order)."""
-    if value is None:
-        return "{}"
-    if value is True:
-        return '{"boolValue":true}'
-    if value is False:
-        return '{"boolValue":false}'
-    if isinstance(value, str):
-        return '{"stringValue":' + _str(value) + "}"
-    if isinstance(value, int):
-        return '{"intValue":"' + str(int(value)) + '"}'
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return '{"doubleValue":' + float.__repr__(value) + "}"
-        return '{"doubleValue":"' + ("NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity") + '"}'
-    if isinstance(value, bytes):
-        return '{"bytesValue":"' + base64.b64encode(value).decode() + '"}' if value else '{"bytesValue":""}'
-    if isinstance(value, Sequence):
-        inner = ",".join(any_value(v) for v in value)
-        return '{"arrayValue":{' + ('"values":[' + inner + "]" if inner else "") + "}}"
-    if isinstance(value, Mapping):
-        inner = ",".join(_key_value(str(k), v) for k, v in value.items())
-        return '{"kvlistValue":{' + ('"values":[' + inner + "]" if inner else "") + "}}"
-    raise TypeError(f"Invalid type {type(value)} of value {value}")
-
-
-def _key_value(key: str, value: Any) -> str:
-    return '{"key":' + _str(key) + ',"value":' + any_value(value) + "}"
-
-
 def resource_prefix(resource_attributes: Mapping[str, Any], scope_json: str = SCOPE_JSON) -> str:
     """Everything of a line before its first span, for one resource."""
-    attrs = ",".join(_key_value(k, v) for k, v in resource_attributes.items())
+    attrs = ",".join(key_value_json(k, v) for k, v in resource_attributes.items())
     resource = '{"attributes":[' + attrs + "]}" if attrs else "{}"
     return '{"resourceSpans":[{"resource":' + resource + ',"scopeSpans":[{"scope":' + scope_json + ',"spans":['
 
@@ -103,9 +73,9 @@ class LineEncoder:
             elif kind is int:
                 append((keys.get(item[0]) or self._key(item[0])) + '{"intValue":"' + str(value) + '"}}')
             else:
-                append((keys.get(item[0]) or self._key(item[0])) + any_value(value) + "}")
+                append((keys.get(item[0]) or self._key(item[0])) + any_value_json(value) + "}")
         if error_type:
-            append(_key_value(ATTR_ERROR_TYPE, error_type))
+            append(key_value_json(ATTR_ERROR_TYPE, error_type))
         return ",".join(parts)
 
     def span(self, d: SpanData) -> str:
@@ -156,7 +126,7 @@ def _event(name: str, time_ns: int, attributes: Mapping[str, Any]) -> str:
     if name:
         parts.append('"name":' + _str(name))
     if attributes:
-        parts.append('"attributes":[' + ",".join(_key_value(k, v) for k, v in attributes.items()) + "]")
+        parts.append('"attributes":[' + ",".join(key_value_json(k, v) for k, v in attributes.items()) + "]")
     return "{" + ",".join(parts) + "}"
 
 
@@ -164,5 +134,14 @@ def _link(trace_id: int, span_id: int, attributes: Mapping[str, Any]) -> str:
     # The SDK's links: a local, sampled context (flags 256), attributes before the flags.
     head = f'{{"traceId":"{trace_id:032x}","spanId":"{span_id:016x}"'
     if attributes:
-        head += ',"attributes":[' + ",".join(_key_value(k, v) for k, v in attributes.items()) + "]"
+        head += ',"attributes":[' + ",".join(key_value_json(k, v) for k, v in attributes.items()) + "]"
     return head + ',"flags":256}'
+
+
+def encode_sdk_line(spans: Sequence[Any]) -> bytes:
+    """One OTLP/JSON line (with its newline) for a batch of finished SDK spans (`ReadableSpan`s), through
+    the OpenTelemetry project's own encoder. Needs the `export` extra."""
+    from opentelemetry.exporter.otlp.json.common.trace_encoder import encode_spans
+
+    request = encode_spans(spans)
+    return (json.dumps(request.to_dict(), separators=(",", ":")) + "\n").encode()
