@@ -160,191 +160,296 @@ ADVICE_FAMILIES = (
 )
 
 
+# The catalogue, one row per family: what each metric is called, what it measures, its labels and buckets.
+# `Catalogue` builds one family per row, in this order (the exposition's order). A row's `name` is the name
+# Prometheus stores and queries use: a counter's ends in `_total` (prometheus_client takes it without), a
+# histogram's is the family (without `_bucket`, `_sum`, `_count`).
+COUNTER = "counter"
+GAUGE = "gauge"
+HISTOGRAM = "histogram"  # prometheus_client's, with exemplars (one observation a call)
+BULK_HISTOGRAM = "bulk_histogram"  # BulkHistogram: fed many values a call, no exemplars
+TOTAL = "_total"
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One family: `attribute` (its name on `Catalogue`), `name` (see above), `kind` (one of the four
+    kinds above), `help`, `labels` (in series order) and, for histograms, `buckets` (seconds or tokens)."""
+
+    attribute: str
+    name: str
+    kind: str
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+_REQUEST = ("gen_ai_request_model", "mode")
+_WORKER = ("pool", "worker")
+_OVERLAP = ("pool", PREFILL_OVERLAP_LABEL)
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "ttft", TTFT_HISTOGRAM, HISTOGRAM, "Time to first token, as the server sent it", _REQUEST, LATENCY_BUCKETS_S
+    ),
+    MetricSpec(
+        "tpot",
+        "gen_ai_server_time_per_output_token_seconds",
+        HISTOGRAM,
+        "Time per output token after the first",
+        _REQUEST,
+        TOKEN_BUCKETS_S,
+    ),
+    MetricSpec(
+        "request_duration",
+        "gen_ai_server_request_duration_seconds",
+        HISTOGRAM,
+        "End-to-end request duration",
+        _REQUEST,
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "stage_duration",
+        STAGE_HISTOGRAM,
+        HISTOGRAM,
+        "Time a request spent in each stage",
+        ("stage", "pool"),
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "inter_token_latency",
+        ITL_HISTOGRAM,
+        BULK_HISTOGRAM,
+        "Gap between consecutive output tokens of a request",
+        ("pool",),
+        TOKEN_BUCKETS_S,
+    ),
+    # Fed a batch at a time (one value per engine step, no exemplar: a step serves many requests).
+    MetricSpec(
+        "step_duration",
+        STEP_HISTOGRAM,
+        BULK_HISTOGRAM,
+        "Engine iteration time, split by whether prefill tokens shared the step (interference)",
+        ("pool", "prefill_in_step"),
+        LATENCY_BUCKETS_S,
+    ),
+    MetricSpec(
+        "kv_transfer_bytes",
+        "splitscope_kv_transfer_bytes_total",
+        COUNTER,
+        "KV cache bytes moved between pools",
+        ("src_pool", "dst_pool"),
+    ),
+    MetricSpec(
+        "kv_transfer_failures", KV_TRANSFER_FAILURES_COUNTER, COUNTER, "Failed KV transfers by reason", ("reason",)
+    ),
+    MetricSpec("tokens", "splitscope_tokens_total", COUNTER, "Tokens processed by phase", ("pool", "phase")),
+    MetricSpec("requests_waiting", REQUESTS_WAITING_GAUGE, GAUGE, "Requests queued in a worker", _WORKER),
+    MetricSpec("requests_running", "splitscope_requests_running", GAUGE, "Requests scheduled in a worker", _WORKER),
+    MetricSpec("worker_busy", WORKER_BUSY_COUNTER, COUNTER, "Time a worker spent running engine steps", _WORKER),
+    MetricSpec("pool_workers", POOL_WORKERS_GAUGE, GAUGE, "Workers in each pool", ("pool",)),
+    MetricSpec("kv_cache_usage", "splitscope_kv_cache_usage_ratio", GAUGE, "Share of KV cache blocks in use", _WORKER),
+    MetricSpec(
+        "prefix_queried",
+        "splitscope_prefix_cache_queried_tokens_total",
+        COUNTER,
+        "Prompt tokens looked up in the prefix cache",
+        ("pool",),
+    ),
+    MetricSpec(
+        "prefix_hit",
+        "splitscope_prefix_cache_hit_tokens_total",
+        COUNTER,
+        "Prompt tokens found in the prefix cache",
+        ("pool",),
+    ),
+    MetricSpec(
+        "gpu_utilization", "splitscope_gpu_utilization_ratio", GAUGE, "GPU busy share over the last sample", ("gpu",)
+    ),
+    MetricSpec("gpu_memory_used", "splitscope_gpu_memory_used_bytes", GAUGE, "GPU memory in use", ("gpu",)),
+    MetricSpec("gpu_telemetry_up", "splitscope_gpu_telemetry_up", GAUGE, "1 when GPU telemetry is being sampled"),
+    MetricSpec("tracer_dropped", TRACER_DROPPED_COUNTER, COUNTER, "Telemetry records dropped, by reason", ("reason",)),
+    MetricSpec(
+        "requests_aborted",
+        REQUESTS_ABORTED + TOTAL,
+        COUNTER,
+        "Requests aborted before their answer was complete, by reason",
+        ("reason",),
+    ),
+    MetricSpec(
+        "tail_sampler_spans",
+        TAIL_SAMPLER_SPANS + TOTAL,
+        COUNTER,
+        "Spans the sidecar's tail sampler exported or dropped, by decision",
+        ("decision",),
+    ),
+    MetricSpec(
+        "tail_sampler_traces",
+        TAIL_SAMPLER_TRACES + TOTAL,
+        COUNTER,
+        "Traces the sidecar's tail sampler decided, by decision and what triggered it (root, timeout, buffer_full)",
+        ("decision", "trigger"),
+    ),
+    MetricSpec(
+        "tracer_pending", "splitscope_tracer_pending_records", GAUGE, "Records waiting for export or CUDA events"
+    ),
+    MetricSpec(
+        "step_tokens",
+        STEP_TOKENS,
+        HISTOGRAM,
+        "Tokens one engine step processed, prefill and decode together",
+        ("pool",),
+        STEP_TOKEN_BUCKETS,
+    ),
+    MetricSpec(
+        "preemptions",
+        PREEMPTIONS + TOTAL,
+        COUNTER,
+        "Requests preempted (their KV freed, to be recomputed)",
+        ("pool",),
+    ),
+    MetricSpec(
+        "requests_finished",
+        REQUESTS_FINISHED + TOTAL,
+        COUNTER,
+        "Finished requests by finish reason (stop, length, abort, error)",
+        ("pool", "reason"),
+    ),
+    # Fed a batch of finished requests at a time (the sidecar's classifier), no exemplar.
+    MetricSpec(
+        "decode_tpot",
+        DECODE_TPOT_HISTOGRAM,
+        BULK_HISTOGRAM,
+        "A finished request's decode time per output token after the first, split by whether another "
+        "request's prefill ran on its worker during its decode (engines without step timing)",
+        _OVERLAP,
+        TOKEN_BUCKETS_S,
+    ),
+    MetricSpec(
+        "decode_classified_steps",
+        DECODE_STEPS_COUNTER,
+        COUNTER,
+        "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
+        _OVERLAP,
+    ),
+    MetricSpec(
+        "decode_classified_seconds",
+        DECODE_SECONDS_COUNTER,
+        COUNTER,
+        "Decode time of the requests splitscope_decode_tpot_seconds classified",
+        _OVERLAP,
+    ),
+    MetricSpec(
+        "overlap_prefill_steps",
+        OVERLAP_PREFILL_STEPS_COUNTER,
+        COUNTER,
+        "Steps of overlapped decodes that carried another request's prefill (prefills starting together: one step)",
+        ("pool",),
+    ),
+    MetricSpec(
+        "overlap_prefill_seconds",
+        OVERLAP_PREFILL_SECONDS_COUNTER,
+        COUNTER,
+        "Time of those steps: the union of the overlapping prefill windows inside each decode",
+        ("pool",),
+    ),
+    MetricSpec(
+        "overlap_prefill_tokens",
+        OVERLAP_PREFILL_TOKENS_COUNTER,
+        COUNTER,
+        "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
+        ("pool",),
+    ),
+    MetricSpec(
+        "worker_prefill_busy",
+        WORKER_PREFILL_BUSY_COUNTER,
+        COUNTER,
+        "Time a worker had at least one request in prefill, from request spans (engines without step timing)",
+        _WORKER,
+    ),
+    MetricSpec(
+        "overlap_late_prefills",
+        OVERLAP_LATE_PREFILLS_COUNTER,
+        COUNTER,
+        "Prefills that arrived after a decode they overlapped was classified (not counted in it)",
+        ("pool",),
+    ),
+    MetricSpec(
+        "overlap_unclassified",
+        OVERLAP_UNCLASSIFIED_COUNTER,
+        COUNTER,
+        "Finished decodes left unclassified because the classifier's bounded hold was full",
+        ("pool",),
+    ),
+)
+
+
+def build_family(spec: MetricSpec, registry: CollectorRegistry) -> Counter | Gauge | Histogram | BulkHistogram:
+    """The prometheus_client family (or BulkHistogram) for one row, registered in `registry`."""
+    labels = list(spec.labels)
+    if spec.kind == COUNTER:
+        return Counter(spec.name.removesuffix(TOTAL), spec.help, labels, registry=registry)
+    if spec.kind == GAUGE:
+        return Gauge(spec.name, spec.help, labels, registry=registry)
+    if spec.kind == HISTOGRAM:
+        return Histogram(spec.name, spec.help, labels, buckets=spec.buckets, registry=registry)
+    if spec.kind == BULK_HISTOGRAM:
+        return BulkHistogram(spec.name, spec.help, labels, buckets=spec.buckets, registry=registry)
+    raise ValueError(f"metric {spec.name}: unknown kind {spec.kind!r}")
+
+
 class Catalogue:
-    """Every splitscope metric family, registered in `registry` (one per process or per test).
+    """Every splitscope metric family (one per row of `METRICS`), registered in `registry` (one per
+    process or per test); each is the attribute its row names.
 
     `worker_gauges=False` (the sidecar): `bind` gives each worker detached gauge children, never exposed,
     because a process that only sees spans never measures queue depth or KV cache use, and a gauge at 0
     would read as measured.
     """
 
+    # One annotation per row of METRICS (a test holds the two equal): the families' types, for callers.
+    ttft: Histogram
+    tpot: Histogram
+    request_duration: Histogram
+    stage_duration: Histogram
+    inter_token_latency: BulkHistogram
+    step_duration: BulkHistogram
+    kv_transfer_bytes: Counter
+    kv_transfer_failures: Counter
+    tokens: Counter
+    requests_waiting: Gauge
+    requests_running: Gauge
+    worker_busy: Counter
+    pool_workers: Gauge
+    kv_cache_usage: Gauge
+    prefix_queried: Counter
+    prefix_hit: Counter
+    gpu_utilization: Gauge
+    gpu_memory_used: Gauge
+    gpu_telemetry_up: Gauge
+    tracer_dropped: Counter
+    requests_aborted: Counter
+    tail_sampler_spans: Counter
+    tail_sampler_traces: Counter
+    tracer_pending: Gauge
+    step_tokens: Histogram
+    preemptions: Counter
+    requests_finished: Counter
+    decode_tpot: BulkHistogram
+    decode_classified_steps: Counter
+    decode_classified_seconds: Counter
+    overlap_prefill_steps: Counter
+    overlap_prefill_seconds: Counter
+    overlap_prefill_tokens: Counter
+    worker_prefill_busy: Counter
+    overlap_late_prefills: Counter
+    overlap_unclassified: Counter
+
     def __init__(self, registry: CollectorRegistry, *, worker_gauges: bool = True) -> None:
         self.registry = registry
         self.worker_gauges = worker_gauges
-        r = registry
-        self.ttft = Histogram(
-            "gen_ai_server_time_to_first_token_seconds",
-            "Time to first token, as the server sent it",
-            ["gen_ai_request_model", "mode"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.tpot = Histogram(
-            "gen_ai_server_time_per_output_token_seconds",
-            "Time per output token after the first",
-            ["gen_ai_request_model", "mode"],
-            buckets=TOKEN_BUCKETS_S,
-            registry=r,
-        )
-        self.request_duration = Histogram(
-            "gen_ai_server_request_duration_seconds",
-            "End-to-end request duration",
-            ["gen_ai_request_model", "mode"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.stage_duration = Histogram(
-            "splitscope_stage_duration_seconds",
-            "Time a request spent in each stage",
-            ["stage", "pool"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.inter_token_latency = BulkHistogram(
-            "splitscope_inter_token_latency_seconds",
-            "Gap between consecutive output tokens of a request",
-            ["pool"],
-            buckets=TOKEN_BUCKETS_S,
-            registry=r,
-        )
-        # Fed a batch at a time (one value per engine step, no exemplar: a step serves many requests).
-        self.step_duration = BulkHistogram(
-            "splitscope_step_duration_seconds",
-            "Engine iteration time, split by whether prefill tokens shared the step (interference)",
-            ["pool", "prefill_in_step"],
-            buckets=LATENCY_BUCKETS_S,
-            registry=r,
-        )
-        self.kv_transfer_bytes = Counter(
-            "splitscope_kv_transfer_bytes", "KV cache bytes moved between pools", ["src_pool", "dst_pool"], registry=r
-        )
-        self.kv_transfer_failures = Counter(
-            "splitscope_kv_transfer_failures", "Failed KV transfers by reason", ["reason"], registry=r
-        )
-        self.tokens = Counter("splitscope_tokens", "Tokens processed by phase", ["pool", "phase"], registry=r)
-        self.requests_waiting = Gauge(
-            "splitscope_requests_waiting", "Requests queued in a worker", ["pool", "worker"], registry=r
-        )
-        self.requests_running = Gauge(
-            "splitscope_requests_running", "Requests scheduled in a worker", ["pool", "worker"], registry=r
-        )
-        self.worker_busy = Counter(
-            "splitscope_worker_busy_seconds", "Time a worker spent running engine steps", ["pool", "worker"], registry=r
-        )
-        self.pool_workers = Gauge("splitscope_pool_workers", "Workers in each pool", ["pool"], registry=r)
-        self.kv_cache_usage = Gauge(
-            "splitscope_kv_cache_usage_ratio", "Share of KV cache blocks in use", ["pool", "worker"], registry=r
-        )
-        self.prefix_queried = Counter(
-            "splitscope_prefix_cache_queried_tokens",
-            "Prompt tokens looked up in the prefix cache",
-            ["pool"],
-            registry=r,
-        )
-        self.prefix_hit = Counter(
-            "splitscope_prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", ["pool"], registry=r
-        )
-        self.gpu_utilization = Gauge(
-            "splitscope_gpu_utilization_ratio", "GPU busy share over the last sample", ["gpu"], registry=r
-        )
-        self.gpu_memory_used = Gauge("splitscope_gpu_memory_used_bytes", "GPU memory in use", ["gpu"], registry=r)
-        self.gpu_telemetry_up = Gauge(
-            "splitscope_gpu_telemetry_up", "1 when GPU telemetry is being sampled", registry=r
-        )
-        self.tracer_dropped = Counter(
-            "splitscope_tracer_dropped_records", "Telemetry records dropped, by reason", ["reason"], registry=r
-        )
-        self.requests_aborted = Counter(
-            REQUESTS_ABORTED, "Requests aborted before their answer was complete, by reason", ["reason"], registry=r
-        )
-        self.tail_sampler_spans = Counter(
-            TAIL_SAMPLER_SPANS,
-            "Spans the sidecar's tail sampler exported or dropped, by decision",
-            ["decision"],
-            registry=r,
-        )
-        self.tail_sampler_traces = Counter(
-            TAIL_SAMPLER_TRACES,
-            "Traces the sidecar's tail sampler decided, by decision and what triggered it (root, timeout, buffer_full)",
-            ["decision", "trigger"],
-            registry=r,
-        )
-        self.tracer_pending = Gauge(
-            "splitscope_tracer_pending_records", "Records waiting for export or CUDA events", registry=r
-        )
-        self.step_tokens = Histogram(
-            STEP_TOKENS,
-            "Tokens one engine step processed, prefill and decode together",
-            ["pool"],
-            buckets=STEP_TOKEN_BUCKETS,
-            registry=r,
-        )
-        self.preemptions = Counter(
-            PREEMPTIONS, "Requests preempted (their KV freed, to be recomputed)", ["pool"], registry=r
-        )
-        self.requests_finished = Counter(
-            REQUESTS_FINISHED,
-            "Finished requests by finish reason (stop, length, abort, error)",
-            ["pool", "reason"],
-            registry=r,
-        )
-        # Fed a batch of finished requests at a time (the sidecar's classifier), no exemplar.
-        self.decode_tpot = BulkHistogram(
-            DECODE_TPOT_HISTOGRAM,
-            "A finished request's decode time per output token after the first, split by whether another "
-            "request's prefill ran on its worker during its decode (engines without step timing)",
-            ["pool", PREFILL_OVERLAP_LABEL],
-            buckets=TOKEN_BUCKETS_S,
-            registry=r,
-        )
-        self.decode_classified_steps = Counter(
-            DECODE_STEPS_COUNTER.removesuffix("_total"),
-            "Decode steps (output tokens after the first) of the requests splitscope_decode_tpot_seconds classified",
-            ["pool", PREFILL_OVERLAP_LABEL],
-            registry=r,
-        )
-        self.decode_classified_seconds = Counter(
-            DECODE_SECONDS_COUNTER.removesuffix("_total"),
-            "Decode time of the requests splitscope_decode_tpot_seconds classified",
-            ["pool", PREFILL_OVERLAP_LABEL],
-            registry=r,
-        )
-        self.overlap_prefill_steps = Counter(
-            OVERLAP_PREFILL_STEPS_COUNTER.removesuffix("_total"),
-            "Steps of overlapped decodes that carried another request's prefill (prefills starting together: one step)",
-            ["pool"],
-            registry=r,
-        )
-        self.overlap_prefill_seconds = Counter(
-            OVERLAP_PREFILL_SECONDS_COUNTER.removesuffix("_total"),
-            "Time of those steps: the union of the overlapping prefill windows inside each decode",
-            ["pool"],
-            registry=r,
-        )
-        self.overlap_prefill_tokens = Counter(
-            OVERLAP_PREFILL_TOKENS_COUNTER.removesuffix("_total"),
-            "Uncached prompt tokens of those prefills, weighted by the share of each prefill inside the decode",
-            ["pool"],
-            registry=r,
-        )
-        self.worker_prefill_busy = Counter(
-            WORKER_PREFILL_BUSY_COUNTER.removesuffix("_total"),
-            "Time a worker had at least one request in prefill, from request spans (engines without step timing)",
-            ["pool", "worker"],
-            registry=r,
-        )
-        self.overlap_late_prefills = Counter(
-            OVERLAP_LATE_PREFILLS_COUNTER.removesuffix("_total"),
-            "Prefills that arrived after a decode they overlapped was classified (not counted in it)",
-            ["pool"],
-            registry=r,
-        )
-        self.overlap_unclassified = Counter(
-            OVERLAP_UNCLASSIFIED_COUNTER.removesuffix("_total"),
-            "Finished decodes left unclassified because the classifier's bounded hold was full",
-            ["pool"],
-            registry=r,
-        )
+        for spec in METRICS:
+            setattr(self, spec.attribute, build_family(spec, registry))
         # Children that exist from the start, so increase() sees the first failure of each kind (a series
         # born at 1 has no increase) and absent() behaves before any failure.
         for drop_reason in DropReason:
