@@ -318,14 +318,19 @@ def _url_host(host: str) -> str:
     help="router port (/v1/completions, /health, /metrics); 0 picks a free one (printed)",
 )
 @click.option("--traces-file", type=click.Path(dir_okay=False), default=None, help="append OTLP/JSON spans here")
-@click.option("--metrics-port", type=int, default=None, help="also serve the merged /metrics on this port")
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="also serve the router's joined /metrics on this port (the fallback path: prefer --exporter-port)",
+)
 @click.option(
     "--exporter-port",
     type=click.IntRange(0, 65535),
     default=None,
     help="run a metrics exporter (a sidecar at the lowest CPU priority) that every process ships to, serving "
-    "the whole server's /metrics on this port: scrape it instead of the router, and a scrape costs the "
-    "serving processes nothing (0 picks a free port, printed)",
+    "the whole server's /metrics on this port: the path to scrape (deploy/prometheus.yml does), instead of the "
+    "router's join, and a scrape costs the serving processes nothing (0 picks a free port, printed)",
 )
 @click.option(
     "--chunk-budget",

@@ -1,4 +1,9 @@
-"""One /metrics for the whole server: the router's own exposition joined with every worker's, unparsed.
+"""The router's /metrics: its own exposition joined with every worker's, unparsed. The subordinate path.
+
+The server's /metrics is its metrics exporter (`serve --exporter-port`, launch/metrics_exporter.py: what
+deploy/prometheus.yml scrapes, and what a scrape costs the serving processes nothing on). This join is the
+fallback for a server run without one (a quick look; the tests that start many servers), and it runs inside
+the serving processes: scraped often on a busy host it moves TTFT and the gap tail (architecture.md section 5).
 
 Each worker labels every series it exports with its `worker` (and the deployment's `namespace`), so no two
 processes ever export the same series: nothing is summed across processes. A worker that misses a fetch or

@@ -252,7 +252,8 @@ class Router:
         return web.json_response(body, status=200 if self.healthy() else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        """The router's own series and every live worker's, each keeping its labels (metrics_proxy)."""
+        """The router's own series and every live worker's, each keeping its labels (metrics_proxy): the
+        fallback /metrics for a server without a metrics exporter, which is the path to scrape."""
         accept = request.headers.get("Accept")
         own = await asyncio.to_thread(self.exposition.render, accept)
         urls = [e.url + "/metrics" for e in self.endpoints if e.alive]
