@@ -653,42 +653,66 @@ def serve_metrics(
     return start_http_server(port, addr=host, registry=registry)
 
 
+# The advisor's families, a table like METRICS (built by AdviceMetrics into the advisor's own registry).
+ADVICE_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec(
+        "info",
+        ADVICE_INFO,
+        GAUGE,
+        "1 for the held advice: verdict, target (ratio P:D, chunk budget tokens, or empty) and the deployed layout",
+        ("namespace", "verdict", "target", "deployed"),
+    ),
+    MetricSpec(
+        "differs",
+        ADVICE_DIFFERS,
+        GAUGE,
+        "1 when the held advice asks for another layout than the one deployed",
+        ("namespace",),
+    ),
+    MetricSpec(
+        "gain",
+        ADVICE_GAIN,
+        GAUGE,
+        "Last decided window: the winner's goodput over the option it had to beat, minus one",
+        ("namespace",),
+    ),
+    MetricSpec(
+        "confidence",
+        ADVICE_CONFIDENCE,
+        GAUGE,
+        "Last decided window: share of bootstrap re-runs reaching its verdict (absent when skipped)",
+        ("namespace",),
+    ),
+    MetricSpec(
+        "window_requests",
+        ADVICE_WINDOW_REQUESTS,
+        GAUGE,
+        "Requests that arrived in the last closed window",
+        ("namespace",),
+    ),
+    MetricSpec(
+        "decisions",
+        ADVICE_DECISIONS_COUNTER,
+        COUNTER,
+        "Closed windows, by what each did to the held advice (reason)",
+        ("namespace", "reason"),
+    ),
+)
+
+
 class AdviceMetrics:
-    """The advisor's families (architecture.md §5), registered in `registry` (the advisor's own, one per
-    process or per test). Every series carries `namespace`, the deployment advised on."""
+    """The advisor's families (architecture.md §5; one per row of `ADVICE_METRICS`), registered in
+    `registry` (the advisor's own, one per process or per test). Every series carries `namespace`, the
+    deployment advised on."""
+
+    # One annotation per row of ADVICE_METRICS (a test holds the two equal).
+    info: Gauge
+    differs: Gauge
+    gain: Gauge
+    confidence: Gauge
+    window_requests: Gauge
+    decisions: Counter
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.info = Gauge(
-            ADVICE_INFO,
-            "1 for the held advice: verdict, target (ratio P:D, chunk budget tokens, or empty) and the deployed layout",
-            ["namespace", "verdict", "target", "deployed"],
-            registry=r,
-        )
-        self.differs = Gauge(
-            ADVICE_DIFFERS,
-            "1 when the held advice asks for another layout than the one deployed",
-            ["namespace"],
-            registry=r,
-        )
-        self.gain = Gauge(
-            ADVICE_GAIN,
-            "Last decided window: the winner's goodput over the option it had to beat, minus one",
-            ["namespace"],
-            registry=r,
-        )
-        self.confidence = Gauge(
-            ADVICE_CONFIDENCE,
-            "Last decided window: share of bootstrap re-runs reaching its verdict (absent when skipped)",
-            ["namespace"],
-            registry=r,
-        )
-        self.window_requests = Gauge(
-            ADVICE_WINDOW_REQUESTS, "Requests that arrived in the last closed window", ["namespace"], registry=r
-        )
-        self.decisions = Counter(
-            ADVICE_DECISIONS_COUNTER.removesuffix("_total"),
-            "Closed windows, by what each did to the held advice (reason)",
-            ["namespace", "reason"],
-            registry=r,
-        )
+        for spec in ADVICE_METRICS:
+            setattr(self, spec.attribute, build_family(spec, registry))

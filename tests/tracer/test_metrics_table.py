@@ -4,35 +4,40 @@ from __future__ import annotations
 
 import typing
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tracer import metrics
-from tracer.metrics import COUNTER, METRICS, TOTAL, Catalogue
+from tracer.metrics import ADVICE_METRICS, COUNTER, METRICS, TOTAL, AdviceMetrics, Catalogue
+
+TABLES = pytest.mark.parametrize(("table", "owner"), [(METRICS, Catalogue), (ADVICE_METRICS, AdviceMetrics)])
 
 
-def test_every_row_is_one_typed_attribute_and_every_attribute_a_row():
-    hints = typing.get_type_hints(Catalogue)
-    rows = {spec.attribute: spec for spec in METRICS}
-    assert len(rows) == len(METRICS), "two rows name one attribute"
+@TABLES
+def test_every_row_is_one_typed_attribute_and_every_attribute_a_row(table, owner):
+    hints = typing.get_type_hints(owner)
+    rows = {spec.attribute: spec for spec in table}
+    assert len(rows) == len(table), "two rows name one attribute"
     assert set(hints) == set(rows)
-    catalogue = Catalogue(CollectorRegistry())
+    catalogue = owner(CollectorRegistry())
     for attribute, hint in hints.items():
         assert isinstance(getattr(catalogue, attribute), hint), attribute
 
 
 def test_names_follow_one_convention():
-    names = [spec.name for spec in METRICS]
+    names = [spec.name for spec in METRICS + ADVICE_METRICS]
     assert len(set(names)) == len(names)
-    for spec in METRICS:
+    for spec in METRICS + ADVICE_METRICS:
         assert spec.name.endswith(TOTAL) == (spec.kind == COUNTER), spec.name
         assert bool(spec.buckets) == spec.kind.endswith("histogram"), spec.name
 
 
-def test_the_exposition_has_each_row_with_its_help_and_labels():
+@TABLES
+def test_the_exposition_has_each_row_with_its_help_and_labels(table, owner):
     registry = CollectorRegistry()
-    catalogue = Catalogue(registry)
-    for spec in METRICS:  # one child each, so every family shows its label names
+    catalogue = owner(registry)
+    for spec in table:  # one child each, so every family shows its label names
         family = getattr(catalogue, spec.attribute)
         child = family.labels(**{label: "x" for label in spec.labels}) if spec.labels else family
         if spec.kind == COUNTER:
@@ -42,7 +47,7 @@ def test_the_exposition_has_each_row_with_its_help_and_labels():
         else:
             child.observe(0.5)
     exposed = {family.name: family for family in text_string_to_metric_families(generate_latest(registry).decode())}
-    for spec in METRICS:
+    for spec in table:
         family = exposed[spec.name.removesuffix(TOTAL)]  # the parser names a counter's family without it
         assert family.type == spec.kind.removeprefix("bulk_"), spec.name
         assert family.documentation == spec.help
@@ -53,5 +58,5 @@ def test_the_exposition_has_each_row_with_its_help_and_labels():
             assert bounds == {*spec.buckets, float("inf")}, spec.name
     # nothing else (the text format writes a counter's and a histogram's `_created` as families of their own)
     assert {name for name in exposed if not name.endswith("_created")} == {
-        spec.name.removesuffix(TOTAL) for spec in METRICS
+        spec.name.removesuffix(TOTAL) for spec in table
     }

@@ -33,7 +33,14 @@ from tracer.advise.tail import FileTail
 from tracer.advise.windows import Window, cut
 from tracer.report.build import ReportOptions
 from tracer.report.tables import TraceData
-from tracer.traces import ReadStats, TraceFileError, TraceFormat, _describe, record_error, spans_from_record
+from tracer.traces import (
+    ReadStats,
+    TraceFileError,
+    TraceFormat,
+    describe_error,
+    record_error,
+    spans_from_record,
+)
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, AdviceReason, Verdict
 
 DEFAULT_RETAIN_WINDOWS = 12
@@ -118,7 +125,7 @@ class Follower:
         try:
             spans = spans_from_record(trace_format, data)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            record_error(TraceFileError(path, number, _describe(exc)), self.options.skip_bad, self.stats)
+            record_error(TraceFileError(path, number, describe_error(exc)), self.options.skip_bad, self.stats)
             return
         self.stats.spans += len(spans)
         where = f"{path}:{number}"
