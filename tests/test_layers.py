@@ -38,9 +38,14 @@ ALLOWED = {
     ("tracer.dashboards", "tracer.alerts.settings"): "panels draw the rules' thresholds: one place for each",
     ("tracer.dashboards", "tracer.alerts.rules"): "panels count at the rules' bucket edges (le_matcher) and "
     "the catalogue check reads the rendered rules",
-    ("reference_server", "tracer.sidecar.main"): "`serve --exporter-port` runs the sidecar as its exporter",
-    ("reference_server", "tracer.load"): "`splitscope demo` composes serve, load and report",
-    ("reference_server", "tracer.report"): "`splitscope demo` composes serve, load and report",
+    ("reference_server.launch.metrics_exporter", "tracer.sidecar.main"): "`serve --exporter-port` runs the "
+    "sidecar as its exporter",
+    ("reference_server.launch.demo", "tracer.load"): "`splitscope demo` composes serve, load and report",
+    ("reference_server.launch.demo", "tracer.report"): "`splitscope demo` composes serve, load and report",
+    ("reference_server.launch.advice_check", "tracer.load"): "the demo's advice check: measured by a load run, "
+    "predicted by the report",
+    ("reference_server.launch.advice_check", "tracer.report"): "the demo's advice check: measured by a load "
+    "run, predicted by the report",
 }
 # Shared layers that name an application: the engine-facing client of the sidecar's socket is part of the
 # base distribution (start_tracing(sidecar_socket=...)), and the command line dispatches to every command.
