@@ -1,7 +1,7 @@
 """The report's tables built up span by span (what `--follow` reads), pruned to a retention horizon.
 
 `tracer.report.tables.load_traces` reads whole files into `TraceData`; `SpanTables` takes the same spans
-one at a time (through the same interpretation, `tables._take`), so a live advisor decides on exactly what
+one at a time (through the same interpretation, `tables.take_span`), so a live advisor decides on exactly what
 the offline one would, and `data()` builds a `TraceData` of what it holds whenever a window closes.
 `prune(cutoff_ns)` forgets requests that arrived and steps that started before the cutoff, and the workers
 seen only before it, so memory and each window's cost stay bounded however long it runs; the layout in
@@ -16,13 +16,13 @@ import numpy as np
 
 from tracer.report.read import StepColumns
 from tracer.report.tables import (
+    RequestSpans,
     TraceData,
     TraceDataError,
-    _request_table,
-    _RequestSpans,
-    _step_table,
-    _take,
-    _transfer_table,
+    request_table,
+    step_table,
+    take_span,
+    transfer_table,
 )
 from tracer.traces import ReadStats, Span
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
@@ -35,7 +35,7 @@ class SpanTables:
     def __init__(self, bucket_ns: int, *, skip_bad: bool = False) -> None:
         self.bucket_ns = max(int(bucket_ns), 1)
         self.skip_bad = skip_bad
-        self.requests: dict[str, _RequestSpans] = {}
+        self.requests: dict[str, RequestSpans] = {}
         self.steps = StepColumns()
         self._workers: dict[int, dict[str, set[str]]] = {}  # bucket -> pool -> workers seen in it
         self.models: set[str] = set()
@@ -50,7 +50,7 @@ class SpanTables:
         """Interpret one span as the report does. Raises TraceDataError (names `where`) unless skip_bad."""
         workers: dict[str, set[str]] = {}
         try:
-            _take(span, self.requests, self.steps, workers, self.models, where)
+            take_span(span, self.requests, self.steps, workers, self.models, where)
         except TraceDataError as exc:
             if not self.skip_bad:
                 raise
@@ -79,9 +79,9 @@ class SpanTables:
             for pool, names in seen.items():
                 workers.setdefault(pool, set()).update(names)
         return TraceData(
-            requests=_request_table(self.requests),
-            steps=_step_table(self.steps),
-            transfers=_transfer_table(self.requests),
+            requests=request_table(self.requests),
+            steps=step_table(self.steps),
+            transfers=transfer_table(self.requests),
             workers={pool: sorted(names) for pool, names in workers.items()},
             models=sorted(self.models),
             read=self.read,
@@ -118,7 +118,7 @@ class SpanTables:
         self._workers = {bucket: seen for bucket, seen in self._workers.items() if bucket >= first_bucket}
 
 
-def _last_start_ns(request: _RequestSpans) -> int:
+def _last_start_ns(request: RequestSpans) -> int:
     """When the request was last known to be alive: its arrival, else its latest stage's start."""
     if request.root is not None:
         return int(request.root[0])

@@ -18,7 +18,7 @@ from typing import Any
 from tracer import spans as s
 from tracer.engines import vllm
 from tracer.report.read import StepColumns
-from tracer.report.tables import VLLM_REQUEST_SPAN, StepTable, TraceDataError, _step_table, _take
+from tracer.report.tables import VLLM_REQUEST_SPAN, StepTable, TraceDataError, step_table, take_span
 from tracer.traces import SPAN_KIND_SERVER, ReadStats, Span, TraceFileError, iter_spans
 
 _STAGE_NAMES = frozenset((s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_KV_TRANSFER, s.SPAN_KV_RECV, s.SPAN_DECODE))
@@ -151,13 +151,13 @@ def load(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = False) -> 
     for trace in traces.values():
         for spans in trace.stages.values():
             spans.sort(key=lambda span: span.start_ns)
-    return ExplainData(traces, _step_table(columns), _worker_index(traces), total)
+    return ExplainData(traces, step_table(columns), _worker_index(traces), total)
 
 
 def _take_span(span: Span, traces: dict[str, Trace], columns: StepColumns, where: str) -> None:
     if span.name == s.SPAN_STEP:
         # The report's own check and storage of a step span (it touches only the columns and the layout).
-        _take(span, {}, columns, {}, set(), where)
+        take_span(span, {}, columns, {}, set(), where)
         return
     if _is_request_span(span):
         trace = traces.setdefault(span.trace_id, Trace(span.trace_id))

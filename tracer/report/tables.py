@@ -53,7 +53,7 @@ _OUR_REQUEST_KEYS = _RequestKeys(
     (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S),
     "",
 )
-# vLLM's span names no mode: the sidecar's stage spans carry its `--mode` (else colocated, `_request_table`).
+# vLLM's span names no mode: the sidecar's stage spans carry its `--mode` (else colocated, `request_table`).
 _VLLM_REQUEST_KEYS = _RequestKeys(
     vllm.ATTR_PROMPT_TOKENS,
     vllm.ATTR_COMPLETION_TOKENS,
@@ -209,10 +209,10 @@ def _text(span: Span, key: str, where: str) -> str:
     return value
 
 
-class _RequestSpans:
+class RequestSpans:
     """What the spans of one request trace (one trace id) have said so far, gathered while the files are
-    read: the request span's fields (`root`) and each stage span's. `_request_table` makes it one row
-    (when it has a request span), `_transfer_table` one transfer (when it has a sized KV transfer)."""
+    read: the request span's fields (`root`) and each stage span's. `request_table` makes it one row
+    (when it has a request span), `transfer_table` one transfer (when it has a sized KV transfer)."""
 
     __slots__ = (
         "root",
@@ -240,7 +240,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     """Read every span of `paths` into tables. Raises TraceFileError (bad line) or TraceDataError (a span
     missing what the report needs) unless `skip_bad`, which skips and counts them."""
     total = ReadStats()
-    requests: dict[str, _RequestSpans] = {}
+    requests: dict[str, RequestSpans] = {}
     steps = StepColumns()
     workers: dict[str, set[str]] = {}
     models: set[str] = set()
@@ -251,7 +251,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
         try:
             for span in iter_report_spans([path], skip_bad=skip_bad, stats=stats, steps=steps):
                 try:
-                    _take(span, requests, steps, workers, models, f"{path}:{stats.record}")
+                    take_span(span, requests, steps, workers, models, f"{path}:{stats.record}")
                 except TraceDataError as exc:
                     if not skip_bad:
                         raise
@@ -266,9 +266,9 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     for pool, worker in steps.pool_workers:  # the layout the steps read straight into columns saw
         workers.setdefault(pool, set()).add(worker)
     return TraceData(
-        requests=_request_table(requests),
-        steps=_step_table(steps),
-        transfers=_transfer_table(requests),
+        requests=request_table(requests),
+        steps=step_table(steps),
+        transfers=transfer_table(requests),
         workers={pool: sorted(names) for pool, names in workers.items()},
         models=sorted(models),
         read=total,
@@ -278,14 +278,18 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
     )
 
 
-def _take(
+def take_span(
     span: Span,
-    requests: dict[str, _RequestSpans],
+    requests: dict[str, RequestSpans],
     steps: StepColumns,
     workers: dict[str, set[str]],
     models: set[str],
     where: str,
 ) -> None:
+    """Take one span into the tables being built: a step span into `steps`, a request's or stage's span into
+    its `requests` entry (by trace id); `workers` and `models` collect what was seen. `where` names the span
+    in errors (`file:record`). Raises TraceDataError on a span our vocabulary names but whose attributes are
+    missing or wrong. The one interpretation of a span: load_traces, explain and the live advisor share it."""
     name = span.name
     if name == s.SPAN_STEP:  # a step the reader did not put into the columns itself: checked here
         pool, worker = _pool_worker(span, where, workers)
@@ -344,7 +348,8 @@ def _take(
         )
 
 
-def _step_table(steps: StepColumns) -> StepTable:
+def step_table(steps: StepColumns) -> StepTable:
+    """The gathered step columns as a StepTable (numpy arrays, in the order taken)."""
     start_ns = np.array(steps.start_ns, dtype=np.int64)
     pairs = list(steps.pool_workers)  # in index order
     pools = np.array([pool for pool, _ in pairs] or [""], dtype=object)
@@ -364,7 +369,7 @@ def _step_table(steps: StepColumns) -> StepTable:
 
 
 def _take_request_span(
-    span: Span, keys: _RequestKeys, requests: dict[str, _RequestSpans], models: set[str], where: str
+    span: Span, keys: _RequestKeys, requests: dict[str, RequestSpans], models: set[str], where: str
 ) -> None:
     attrs = span.attributes
     model = attrs.get(s.ATTR_MODEL) or attrs.get(vllm.ATTR_RESPONSE_MODEL)
@@ -415,14 +420,15 @@ def _pool_worker(span: Span, where: str, workers: dict[str, set[str]]) -> tuple[
     return pool, worker
 
 
-def _request(requests: dict[str, _RequestSpans], span: Span) -> _RequestSpans:
+def _request(requests: dict[str, RequestSpans], span: Span) -> RequestSpans:
     request = requests.get(span.trace_id)
     if request is None:
-        request = requests[span.trace_id] = _RequestSpans()
+        request = requests[span.trace_id] = RequestSpans()
     return request
 
 
-def _request_table(requests: dict[str, _RequestSpans]) -> RequestTable:
+def request_table(requests: dict[str, RequestSpans]) -> RequestTable:
+    """One row per request whose request span was seen, by its start; stages it lacks are NaN."""
     rows = [r for r in requests.values() if r.root is not None]
     rows.sort(key=lambda r: r.root[0])  # type: ignore[index]
     n = len(rows)
@@ -502,7 +508,8 @@ def _request_table(requests: dict[str, _RequestSpans]) -> RequestTable:
     )
 
 
-def _transfer_table(requests: dict[str, _RequestSpans]) -> TransferTable:
+def transfer_table(requests: dict[str, RequestSpans]) -> TransferTable:
+    """One row per KV transfer whose size is known (the ones that measure the link)."""
     # Only transfers with their size measure the link; the others still count in their request's TTFT.
     rows = [(r, r.transfer) for r in requests.values() if r.transfer is not None and not np.isnan(r.transfer[1])]
     kv_bytes = np.array([transfer[1] for _, transfer in rows], dtype=float)
