@@ -43,10 +43,11 @@ class TimedClassifier(OverlapClassifier):
 
     cpu_s = 0.0
 
-    def add(self, stage: s.SpanData) -> None:
+    def add(self, stage: s.SpanData, resource: object = None) -> bool:
         started = time.thread_time()
-        super().add(stage)
+        held = super().add(stage, resource)
         self.cpu_s += time.thread_time() - started
+        return held
 
     def advance(self) -> int:
         started = time.thread_time()
@@ -124,9 +125,9 @@ def one_round(spans: list[s.SpanData], classify: bool, workdir: Path) -> tuple[f
     started, cpu_started = time.perf_counter(), time.thread_time()
     while export.drain_once(0.0):
         pass
-    if overlap is not None:  # the engine goes quiet: the last holds pass and every decode is classified
-        clock.offset_s += 3600
-        overlap.advance()
+    if overlap is not None:  # the engine goes quiet: the last holds pass, every decode is classified and
+        clock.offset_s += 3600  # its span exported with its stall links
+        export.drain_once(0.0)
     elapsed_s, cpu_s = time.perf_counter() - started, time.thread_time() - cpu_started
     traces.unlink()
     classified = sum(

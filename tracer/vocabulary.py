@@ -196,6 +196,11 @@ ATTR_DECODE_STALL_LINKS_DROPPED = "splitscope.decode.stall_links_dropped"
 # prompt tokens in that step, ns), and its prompt tokens in those steps.
 ATTR_LINK_STALLED_NS = "splitscope.link.stalled_ns"
 ATTR_LINK_PREFILL_TOKENS = "splitscope.link.prefill_tokens"
+# The sidecar's decode spans for engines without step records (tracer/sidecar/overlap.py): the links are
+# the prefills whose windows overlapped the decode on the same worker, stalled_ns each overlap, marked
+# estimated; the decode's stalled_ns is their union, marked estimated too.
+ATTR_LINK_ESTIMATED = "splitscope.link.estimated"
+ATTR_DECODE_STALLED_ESTIMATED = "splitscope.decode.stalled_estimated"
 ATTR_STEP_DECODE_REQUESTS = "splitscope.step.decode_requests"
 ATTR_STEP_PREFILL_TOKENS = "splitscope.step.prefill_tokens"
 ATTR_STEP_CONTEXT_TOKENS = "splitscope.step.context_tokens"

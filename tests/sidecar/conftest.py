@@ -16,6 +16,7 @@ from tracer.spans import SpanData
 from tracer.traces import Span, iter_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
+OVERLAP_HOLD_S = 0.05
 
 
 def read_spans(path: Path) -> list[Span]:
@@ -67,6 +68,9 @@ def make_sidecar(tmp_path):
 
     def start(**overrides) -> Sidecar:
         settings = dict(http_port=0, grpc_port=0, traces_file=str(tmp_path / "traces.jsonl"), gpu=False, environ={})
+        # An engine's decode span leaves once the prefills that could overlap it are in (the overlap hold,
+        # tracer/sidecar/overlap.py): these tests send all their spans at once, so a short hold is enough.
+        settings["overlap_hold_s"] = OVERLAP_HOLD_S
         settings.update(overrides)
         sidecar = Sidecar(SidecarConfig(**settings)).start()
         started.append(sidecar)

@@ -156,11 +156,13 @@ def test_lifecycle_spans_map_one_to_one_and_replace_derived_stages(make_sidecar,
 def test_lifecycle_spans_after_derived_stages_are_not_doubled(make_sidecar, tmp_path):
     sidecar = make_sidecar(http_port=None)
     _send_with_lifecycle(f"127.0.0.1:{sidecar.grpc_port}", lifecycle_first=False)
-    # A lifecycle span and any stage made from it are written in one line: once all three are in, so is any double.
+    # A lifecycle span and any stage made from it are written in one line: once all three are in, so is any
+    # double. The derived decode leaves after its overlap hold (it waits for its stall links).
     spans = wait_for(
         lambda: (
             (found := read_spans(tmp_path / "traces.jsonl"))
             and sum(x.name.startswith("vllm_") for x in found) == 3
+            and any(x.name == s.SPAN_DECODE for x in found)
             and found
         ),
         10,

@@ -11,7 +11,12 @@ Per span:
 
 The prefill and decode stages made from engines' spans (vLLM, SGLang) also go to the request-level
 interference classifier (overlap.py): noted while a batch is adapted, classified once per drain (and
-when the queue is idle), on this thread.
+when the queue is idle), on this thread. A decode it holds is metered at once but exported only once
+classified, carrying estimated stall links to the prefill spans that overlapped it (`_hold_for_links`,
+`_export_linked`): links are fixed when a span is made, and those prefills mostly arrive after the
+decode (their requests still run), so the span waits for them, at most the classifier's hold. A
+separate span carrying the links later would be a second shape every reader must join; links from the
+prefills already seen would miss exactly the long prompts whose requests outlast the stalled ones.
 
 Export: `--traces-file` through the codec's fast OTLP/JSON line encoder (tracer.otlp.encode, one line per
 resource per drain, appended with tracer.otlp.files.append_line), and any OTLP exporter from the OTEL_* environment through
@@ -96,9 +101,9 @@ class SpanExport:
         """Process what is queued (waiting up to `timeout_s` for something); returns spans exported."""
         batches = self.queue.take(timeout_s)
         if not batches:
-            self._classify_overlap()  # a quiet engine's last requests are classified too
+            linked = self._classify_overlap()  # a quiet engine's last requests are classified too
             # and a quiet engine's last traces are decided
-            return self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0
+            return linked + (self._export_all(self.tail_sampler.expire()) if self.tail_sampler is not None else 0)
         by_resource: dict[tuple, list[s.SpanData]] = {}
         for batch in batches:
             try:
@@ -113,8 +118,7 @@ class SpanExport:
                 kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)
             ]
             exported = self._export_all(released + self.tail_sampler.expire())
-        self._classify_overlap()
-        return exported
+        return exported + self._classify_overlap()
 
     def _export_all(self, groups: Iterable[tuple[tuple, list[s.SpanData]]]) -> int:
         exported = 0
@@ -124,16 +128,18 @@ class SpanExport:
         self.exported_spans += exported
         return exported
 
-    def _classify_overlap(self) -> None:
+    def _classify_overlap(self) -> int:
+        """Classify the decodes whose hold has passed; returns the linked decode spans exported."""
         if self.overlap is not None:
             try:
                 self.overlap.advance()
             except Exception:  # metering must not stop the export
                 log.exception("splitscope sidecar: request-level interference classification failed")
+        return self._export_linked()
 
     def _process(self, batch: Batch) -> list[s.SpanData]:
         """Adapt and meter one batch; returns the spans to export (sampled only)."""
-        adapters, overlap = self.adapters, self.overlap
+        adapters = self.adapters
         out = []
         metered = []
         resource = dict(batch.resource) if adapters else {}
@@ -145,10 +151,7 @@ class SpanExport:
                     break
             if adaptation is not None:  # an engine's span: exported as it is, with our stages beside it
                 out.append(span)
-                out.extend(adaptation.stages)
-                if overlap is not None:
-                    for stage in adaptation.stages:
-                        overlap.add(stage)
+                out.extend(stage for stage in adaptation.stages if not self._hold_for_links(stage, batch.resource))
                 if meter:
                     metered.extend(adaptation.stages)
                     metered.extend(adaptation.metrics_only)
@@ -159,6 +162,27 @@ class SpanExport:
                 out.append(span)
         self.metrics_for(batch.resource).record_many(metered)
         return out
+
+    def _hold_for_links(self, stage: s.SpanData, resource: tuple) -> bool:
+        """Feed `stage` to the overlap classifier; True when the classifier keeps it (a decode waiting for
+        the prefills that overlapped it): `_export_linked` exports it then, with its stall links."""
+        return self.overlap is not None and self.overlap.add(stage, resource)
+
+    def _export_linked(self) -> int:
+        """Export the decode spans the classifier has released with their stall links, by resource; through
+        the tail sampler, whose decision on their trace they follow. Returns spans exported."""
+        if self.overlap is None:
+            return 0
+        by_resource: dict[tuple, list[s.SpanData]] = {}
+        for resource, span in self.overlap.released():
+            by_resource.setdefault(resource, []).append(span)
+        if not by_resource:
+            return 0
+        if self.tail_sampler is None:
+            return self._export_all(by_resource.items())
+        return self._export_all(
+            [kept for resource, spans in by_resource.items() for kept in self.tail_sampler.offer(resource, spans)]
+        )
 
     def _export(self, resource: tuple, spans: list[s.SpanData]) -> int:
         if self.traces_file:
@@ -196,6 +220,9 @@ class SpanExport:
             self._thread.join(timeout_s)
         while self.drain_once(0.0):
             pass
+        if self.overlap is not None:  # nothing more will arrive: the held decodes leave with what is known
+            self.overlap.flush()
+            self._export_linked()
         if self.tail_sampler is not None:
             self._export_all(self.tail_sampler.flush())
         for processor in self.processors:

@@ -33,7 +33,17 @@ into it. At most `max_held` decodes wait per worker; past that the oldest is dro
 prefills. Busy time is settled up to the same horizon; an interval arriving behind it adds only its part
 after it.
 
-Thread: `add` and `advance` run on the sidecar's export thread only (`SpanExport`: stages are noted
+Stall links (docs/architecture.md section 4): the decode spans this classifier holds can come back with
+OpenTelemetry span links to the prefill spans that overlapped them, what the reference server's decode
+spans carry from its step records, here estimated from the windows alone (`estimated_stall_links`).
+A span's links are fixed when it is made, and a prefill that overlapped D usually arrives after D (its
+request still decodes when D's ends), so a decode span that is to carry them cannot leave before its
+classification: `add(stage, resource)` keeps the span itself, and `released()` hands it back, linked,
+once classified. The span is late by at most the hold (`hold_s` of the engine's timeline, or of wall
+clock while it is quiet); its metrics are not: the export meters it when it arrives. A decode dropped
+from a full hold is released unlinked; `flush()` (shutdown) classifies and releases every held one.
+
+Thread: `add`, `advance`, `released` and `flush` run on the sidecar's export thread only (`SpanExport`: stages are noted
 while a batch is adapted, classified once per drain), never on the ingest loop. Neither blocks.
 """
 
@@ -44,6 +54,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Any
 
 import numpy as np
@@ -62,6 +73,10 @@ MIN_OVERLAP_NS = 1_000_000
 _NS = 1_000_000_000
 _LONG_AGO_NS = -(2**62)  # before any start, and far enough from int64's end that subtracting it cannot overflow
 _GROUP_DECODES = 32  # decodes classified together: bounds the [decodes x prefills] matrix
+# A decode span links to at most this many overlapping prefills, the longest overlap first (as the
+# reference server's pipeline bounds its stall links: tracer.pipeline.MAX_STALL_LINKS).
+MAX_STALL_LINKS = 32
+_NEVER_NS = 2**62  # a horizon past every end: flush() classifies whatever is held
 
 
 @dataclass
@@ -70,8 +85,13 @@ class _Worker:
 
     pool: str
     name: str
-    prefills: list[tuple[int, int, int]] = field(default_factory=list)  # (start, end, uncached tokens), sorted
-    held: deque[tuple[int, int, int]] = field(default_factory=deque)  # decodes (start, end, output tokens)
+    # (start, end, uncached tokens, serial), sorted; serial -> (trace id, span id) in `prefill_ids`
+    prefills: list[tuple[int, int, int, int]] = field(default_factory=list)
+    prefill_ids: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # decodes (start, end, steps: output tokens - 1, serial); serial -> (resource, span) in `held_spans`
+    # for those whose span waits for its links
+    held: deque[tuple[int, int, int, int]] = field(default_factory=deque)
+    held_spans: dict[int, tuple[Any, s.SpanData]] = field(default_factory=dict)
     classified: list[tuple[int, int]] = field(default_factory=list)  # recent classified decodes, by start
     busy: list[tuple[int, int]] = field(default_factory=list)  # stage intervals not yet settled
     prefill_busy: list[tuple[int, int]] = field(default_factory=list)  # the prefill ones among them
@@ -109,20 +129,24 @@ class OverlapClassifier:
         self.prefill_in_one_step = prefill_in_one_step
         self._workers: dict[tuple[str, str], _Worker] = {}
         self._children: dict[str, _PoolMetrics] = {}
+        self._serials = count()
+        self._released: list[tuple[Any, s.SpanData]] = []
 
-    def add(self, stage: s.SpanData) -> None:
+    def add(self, stage: s.SpanData, resource: Any = None) -> bool:
         """Note one of our stage spans made from an engine's span (prefill and decode matter; others are
-        ignored). Export thread; O(log n) for a prefill, O(1) for a decode."""
+        ignored). With `resource` (the export's grouping key), a decode this classifier holds is kept whole
+        and comes back from `released()` with its stall links once classified: True then, and the caller
+        must not export it itself. Export thread; O(log n) for a prefill, O(1) for a decode."""
         is_prefill = stage.name == s.SPAN_PREFILL
         if not is_prefill and stage.name != s.SPAN_DECODE:
-            return
+            return False
         attrs = stage.attributes
         # Attribute values: strings on our stage spans; checked before a new worker is stored under them.
         key: tuple[Any, Any] = (attrs.get(s.ATTR_POOL), attrs.get(s.ATTR_WORKER))
         worker = self._workers.get(key)
         if worker is None:
             if not isinstance(key[0], str) or not isinstance(key[1], str):
-                return
+                return False
             worker = self._workers[key] = _Worker(key[0], key[1])
         start, end = stage.start_ns, stage.end_ns
         if end > worker.timeline_ns:
@@ -135,23 +159,55 @@ class OverlapClassifier:
             if is_prefill:
                 worker.prefill_busy.append(interval)
         if is_prefill:
-            tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
-            # Usually a prefill starts after every classified decode ended (they wait out the hold first).
-            if start < worker.classified_end_ns and self._overlaps_classified(worker, start, end):
-                self._child(worker.pool).late_prefills.inc()  # it overlapped a decode classified without it
-            insort(worker.prefills, (start, end, tokens if tokens > 0 else 0))
-            if end - start > worker.longest_prefill_ns:
-                worker.longest_prefill_ns = end - start
-            if len(worker.prefills) > self.max_prefills:
-                del worker.prefills[0]  # the oldest start: a decode that still needs it is counted late
-        else:
-            steps = _int(attrs.get(s.ATTR_OUTPUT_TOKENS)) - 1
-            if steps < 1 or end <= start:
-                return  # no time per output token to judge
-            worker.held.append((start, end, steps))
-            if len(worker.held) > self.max_held:
-                worker.held.popleft()
-                self._child(worker.pool).unclassified.inc()
+            self._add_prefill(worker, stage)
+            return False
+        return self._hold_decode(worker, stage, resource)
+
+    def _add_prefill(self, worker: _Worker, stage: s.SpanData) -> None:
+        start, end, attrs = stage.start_ns, stage.end_ns, stage.attributes
+        tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
+        # Usually a prefill starts after every classified decode ended (they wait out the hold first).
+        if start < worker.classified_end_ns and self._overlaps_classified(worker, start, end):
+            self._child(worker.pool).late_prefills.inc()  # it overlapped a decode classified without it
+        serial = next(self._serials)
+        insort(worker.prefills, (start, end, tokens if tokens > 0 else 0, serial))
+        worker.prefill_ids[serial] = (stage.trace_id, stage.span_id)
+        if end - start > worker.longest_prefill_ns:
+            worker.longest_prefill_ns = end - start
+        if len(worker.prefills) > self.max_prefills:
+            # the oldest start: a decode that still needs it is counted late
+            del worker.prefill_ids[worker.prefills.pop(0)[3]]
+
+    def _hold_decode(self, worker: _Worker, stage: s.SpanData, resource: Any) -> bool:
+        start, end = stage.start_ns, stage.end_ns
+        steps = _int(stage.attributes.get(s.ATTR_OUTPUT_TOKENS)) - 1
+        if steps < 1 or end <= start:
+            return False  # no time per output token to judge
+        serial = next(self._serials)
+        worker.held.append((start, end, steps, serial))
+        if resource is not None:
+            worker.held_spans[serial] = (resource, stage)
+        if len(worker.held) > self.max_held:
+            dropped = worker.held.popleft()[3]
+            self._child(worker.pool).unclassified.inc()
+            unlinked = worker.held_spans.pop(dropped, None)
+            if unlinked is not None:
+                self._released.append(unlinked)  # exported as it came: never lost for want of links
+        return resource is not None
+
+    def released(self) -> list[tuple[Any, s.SpanData]]:
+        """The held decode spans classified since the last call, with their stall links, as (resource,
+        span); the caller exports them. Export thread."""
+        out, self._released = self._released, []
+        return out
+
+    def flush(self) -> int:
+        """Classify every held decode now, whatever its hold (shutdown: nothing more will arrive), so that
+        `released()` hands back every held span. Returns how many were classified. Export thread."""
+        done = 0
+        for worker in self._workers.values():
+            done += self._classify(worker, _NEVER_NS)
+        return done
 
     def advance(self) -> int:
         """Classify the decodes whose hold has passed and settle busy time; returns how many were
@@ -178,7 +234,7 @@ class OverlapClassifier:
         worker.held = deque(d for d in worker.held if d[1] > horizon_ns)
         for i in range(0, len(ready), _GROUP_DECODES):
             self._classify_group(worker, np.asarray(ready[i : i + _GROUP_DECODES], dtype=np.int64))
-        for d0, d1, _ in ready:
+        for d0, d1, _, _ in ready:
             insort(worker.classified, (d0, d1))
             worker.longest_decode_ns = max(worker.longest_decode_ns, d1 - d0)
             worker.classified_end_ns = max(worker.classified_end_ns, d1)
@@ -188,21 +244,24 @@ class OverlapClassifier:
         prefills = worker.prefills
         keep_from = _first_start_at_or_after(prefills, oldest - worker.longest_prefill_ns)
         if keep_from:
+            for p in prefills[:keep_from]:
+                if p[1] <= oldest:
+                    del worker.prefill_ids[p[3]]
             worker.prefills = [p for p in prefills[:keep_from] if p[1] > oldest] + prefills[keep_from:]
         if len(worker.classified) > self.max_held:  # remembered for late prefills, bounded
             del worker.classified[: len(worker.classified) - self.max_held]
         return len(ready)
 
     def _classify_group(self, worker: _Worker, decodes: np.ndarray) -> None:
-        """Classify decodes (rows of start, end, steps; sorted by start) against the prefills that could
-        overlap them, all at once: a [decodes x candidate prefills] matrix of shared windows."""
+        """Classify decodes (rows of start, end, steps, serial; sorted by start) against the prefills that
+        could overlap them, all at once: a [decodes x candidate prefills] matrix of shared windows."""
         d0, d1, steps = decodes[:, :1], decodes[:, 1:2], decodes[:, 2]
         prefills = worker.prefills
         # Prefills sorted by start: those that start before some decode ends and end after some decode
         # starts (none ends later than it started plus the longest prefill seen).
         lo = _first_start_at_or_after(prefills, int(d0[0, 0]) - worker.longest_prefill_ns)
         hi = _first_start_at_or_after(prefills, int(d1.max()) - MIN_OVERLAP_NS)
-        candidates = np.asarray(prefills[lo:hi], dtype=np.int64).reshape(-1, 3)
+        candidates = np.asarray(prefills[lo:hi], dtype=np.int64).reshape(-1, 4)
         p0, p1, p_tokens = candidates[:, 0], candidates[:, 1], candidates[:, 2]
         a = np.maximum(p0, d0)  # [decodes, candidates]: the part of each prefill inside each decode
         b = np.minimum(p1, d1)
@@ -240,6 +299,44 @@ class OverlapClassifier:
         if self.prefill_in_one_step:
             m.prefill_steps.inc(int(np.minimum(prefill_steps, steps).sum()))
             m.prefill_seconds.inc(float(prefill_ns.sum()) / _NS)
+        if worker.held_spans:
+            self._link_held(worker, decodes[:, 3], candidates, hit, b - a, prefill_ns)
+
+    def _link_held(
+        self,
+        worker: _Worker,
+        serials: np.ndarray,
+        candidates: np.ndarray,
+        hit: np.ndarray,
+        overlap_ns: np.ndarray,
+        prefill_ns: np.ndarray,
+    ) -> None:
+        """Give each held decode span of a classified group its estimated stall links and release it.
+        `hit` / `overlap_ns`: [decodes, candidates], which prefill overlapped which decode, by how much."""
+        for row, serial in enumerate(serials.tolist()):
+            entry = worker.held_spans.pop(serial, None)
+            if entry is None:
+                continue
+            resource, span = entry
+            overlaps = []
+            for c in np.flatnonzero(hit[row]).tolist():
+                ns = int(overlap_ns[row, c])
+                ids = worker.prefill_ids[int(candidates[c, 3])]
+                overlaps.append((ns, ids, self._link_tokens(int(candidates[c, 2]), ns, candidates[c])))
+            links, dropped = estimated_stall_links(span.trace_id, overlaps)
+            span.links = links
+            span.attributes[s.ATTR_DECODE_STALLED_NS] = int(prefill_ns[row])
+            span.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] = True
+            if dropped:
+                span.attributes[s.ATTR_DECODE_STALL_LINKS_DROPPED] = dropped
+            self._released.append((resource, span))
+
+    def _link_tokens(self, tokens: int, overlap_ns: int, prefill: np.ndarray) -> int:
+        """A linked prefill's tokens in the decode's steps: its whole uncached prompt where a prompt runs in
+        one step; under chunked prefill the part of its window inside the decode (its chunks spread evenly)."""
+        if self.prefill_in_one_step:
+            return tokens
+        return round(tokens * overlap_ns / max(int(prefill[1] - prefill[0]), 1))
 
     @staticmethod
     def _overlaps_classified(worker: _Worker, start: int, end: int) -> bool:
@@ -304,6 +401,27 @@ class _PoolMetrics:
         )
 
 
+def estimated_stall_links(
+    own_trace_id: int, overlaps: list[tuple[int, tuple[int, int], int]]
+) -> tuple[list[tuple[int, int, dict[str, Any]]], int]:
+    """A decode span's links from the prefills that overlapped it, `overlaps` of (overlap ns, (trace id,
+    span id), tokens): the longest overlap first, at most MAX_STALL_LINKS, and how many more there were.
+    Each link: `splitscope.link.stalled_ns` the overlap (prompts batched into one step each get that step's
+    whole time, so links can add up to more than the decode's `splitscope.decode.stalled_ns`, their
+    union), `splitscope.link.prefill_tokens`, `splitscope.link.estimated` true. The request's own
+    prefill never links (it ends before its decode starts, up to the placement of two clocks)."""
+    ranked = sorted((o for o in overlaps if o[1][0] != own_trace_id), key=lambda o: -o[0])
+    links = [
+        (
+            trace_id,
+            span_id,
+            {s.ATTR_LINK_STALLED_NS: ns, s.ATTR_LINK_PREFILL_TOKENS: tokens, s.ATTR_LINK_ESTIMATED: True},
+        )
+        for ns, (trace_id, span_id), tokens in ranked[:MAX_STALL_LINKS]
+    ]
+    return links, max(0, len(ranked) - MAX_STALL_LINKS)
+
+
 def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:
     """Length of the union of `intervals` clipped to [from_ns, to_ns)."""
     if not intervals:
@@ -316,8 +434,8 @@ def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int
     return int(np.clip(ends - np.maximum(starts, before), 0, None).sum())
 
 
-def _first_start_at_or_after(prefills: list[tuple[int, int, int]], start_ns: int) -> int:
-    return bisect_left(prefills, (start_ns,))  # (t,) sorts before every (t, end, tokens)
+def _first_start_at_or_after(prefills: list[tuple[int, int, int, int]], start_ns: int) -> int:
+    return bisect_left(prefills, (start_ns,))  # (t,) sorts before every (t, end, tokens, serial)
 
 
 def _int(value: Any) -> int:

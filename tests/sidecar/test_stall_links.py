@@ -1,0 +1,183 @@
+"""Estimated stall links on the sidecar's decode spans for stock vLLM (tracer/sidecar/overlap.py, export.py).
+
+The independent oracle (tests/oracle) serves requests iteration by iteration and records which prompts
+each iteration prefilled (`Iteration.prefills`). Its requests reach the sidecar's own export thread
+(`SpanExport`, the real vLLM adapter, the OTLP/JSON file writer) as stock vLLM's `llm_request` spans, in
+the order an engine sends them (when each request finishes). The decode spans read back from the file
+must link exactly the prompts the oracle ran inside their decode, each with that iteration's time.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tests.oracle.cases import CASES, traffic
+from tests.oracle.engine import Deployment, Run, serve
+from tests.oracle.traces import vllm_request_lines
+from tracer import spans as s
+from tracer.export.local_sink import MetricsRecorder
+from tracer.metrics import OVERLAP_UNCLASSIFIED_COUNTER, Catalogue
+from tracer.sidecar import vllm
+from tracer.sidecar.export import SpanExport
+from tracer.sidecar.ingest_queue import Batch, IngestQueue
+from tracer.sidecar.otlp_decode import decode_json
+from tracer.sidecar.overlap import MAX_STALL_LINKS, OverlapClassifier
+from tracer.sidecar.vllm import VllmAdapter
+from tracer.traces import Span, iter_spans
+from tracer.vocabulary import Pool
+
+HOLD_S = 30.0
+RESOURCE = (("service.name", "vllm"),)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _request_spans(run: Run) -> list[s.SpanData]:
+    """Worker 0's `llm_request` spans, in the order they finish (as vLLM exports them)."""
+    spans = [span for line in vllm_request_lines(run, 0) for b in decode_json(line.encode()) for span in b.spans]
+    return sorted(spans, key=lambda span: span.end_ns)
+
+
+def _export(tmp_path: Path, spans: list[s.SpanData], clock: FakeClock, **classifier: int) -> tuple[SpanExport, Path]:
+    registry = CollectorRegistry()
+    catalogue = Catalogue(registry, worker_gauges=False)
+    traces = tmp_path / "traces.jsonl"
+    export = SpanExport(
+        IngestQueue(len(spans) + 1, lambda reason, n: None),
+        MetricsRecorder(catalogue),
+        traces_file=str(traces),
+        vllm=VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0"),
+        overlap=OverlapClassifier(catalogue, hold_s=HOLD_S, clock_s=clock, **classifier),
+    )
+    export.registry = registry  # type: ignore[attr-defined]
+    return export, traces
+
+
+def _truth(run: Run) -> dict[int, dict[int, tuple[float, int]]]:
+    """Request index -> the other prompts the oracle prefilled during its decode: index -> (seconds of the
+    iteration that ran it, its tokens there)."""
+    by_worker = [it for it in run.iterations or [] if it.worker == 0]
+    out: dict[int, dict[int, tuple[float, int]]] = {}
+    for r in run.requests:
+        if r.output_tokens < 2 or r.prefill_worker != 0:
+            continue
+        ran: dict[int, tuple[float, int]] = {}
+        for it in by_worker[r.first_iteration : r.first_iteration + r.output_tokens - 1]:
+            for index, tokens in it.prefills:
+                if index != r.index:
+                    ran[index] = (it.end_s - it.start_s, tokens)
+        out[r.index] = ran
+    return out
+
+
+def _read(traces: Path) -> tuple[dict[int, Span], dict[str, int], dict[str, int]]:
+    """(request index -> its decode span, prefill span id -> request index, trace id -> request index)."""
+    spans = list(iter_spans([traces]))
+    index_of = {
+        x.trace_id: int(str(x.attributes[vllm.ATTR_REQUEST_ID]).removeprefix("req-"))
+        for x in spans
+        if x.name == vllm.SPAN_NAME
+    }
+    decodes = {index_of[x.trace_id]: x for x in spans if x.name == s.SPAN_DECODE}
+    assert len(decodes) == sum(x.name == s.SPAN_DECODE for x in spans)  # each decode exported once
+    prefills = {x.span_id: index_of[x.trace_id] for x in spans if x.name == s.SPAN_PREFILL}
+    return decodes, prefills, index_of
+
+
+def test_decode_spans_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path) -> None:
+    case = CASES["bursty"]
+    sample = traffic(case, 200, seed=5)
+    run = serve(
+        Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
+    )
+    truth = _truth(run)
+    assert sum(bool(ran) for ran in truth.values()) > 20 and sum(not ran for ran in truth.values()) > 5
+
+    spans = _request_spans(run)
+    clock = FakeClock()
+    export, traces = _export(tmp_path, spans, clock)
+    for i in range(0, len(spans), 8):
+        export.queue.offer(Batch(RESOURCE, spans[i : i + 8]))
+        export.drain_once(0.0)
+        # Every decode written so far was classified: the ones a later prefill overlapped are still held.
+        written, _, _ = _read(traces) if traces.exists() else ({}, {}, {})
+        assert all(d.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] is True for d in written.values())
+    clock.now_s += 2 * HOLD_S  # the engine goes quiet: every hold passes
+    export.drain_once(0.0)
+
+    decodes, prefill_index, index_of = _read(traces)
+    assert set(decodes) == set(truth)
+    crowded = 0
+    for index, ran in truth.items():
+        decode = decodes[index]
+        linked = [(prefill_index[link.span_id], link) for link in decode.links]
+        assert all(index_of[link.trace_id] == p for p, link in linked)  # the link names the prefill's own trace
+        stalled_ns = [link.attributes[s.ATTR_LINK_STALLED_NS] for _, link in linked]
+        assert stalled_ns == sorted(stalled_ns, reverse=True)  # largest first
+        if len(ran) > MAX_STALL_LINKS:
+            crowded += 1
+            assert len(linked) == MAX_STALL_LINKS
+            assert decode.attributes[s.ATTR_DECODE_STALL_LINKS_DROPPED] == len(ran) - MAX_STALL_LINKS
+            assert {p for p, _ in linked} <= set(ran)
+        else:
+            assert {p for p, _ in linked} == set(ran), index
+            assert s.ATTR_DECODE_STALL_LINKS_DROPPED not in decode.attributes
+        for p, link in linked:
+            seconds, tokens = ran[p]
+            assert link.attributes[s.ATTR_LINK_ESTIMATED] is True
+            assert link.attributes[s.ATTR_LINK_STALLED_NS] == pytest.approx(seconds * 1e9, abs=2_000)
+            assert link.attributes[s.ATTR_LINK_PREFILL_TOKENS] == tokens
+        # The decode's stalled time: the iterations that carried a prefill, each once.
+        iterations_s = {seconds for seconds, _ in ran.values()}
+        if len(ran) <= MAX_STALL_LINKS:
+            assert decode.attributes[s.ATTR_DECODE_STALLED_NS] == pytest.approx(
+                sum(iterations_s) * 1e9, abs=2_000 * len(ran) + 1
+            )
+        assert decode.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] is True
+    assert crowded < len(truth)
+
+
+def test_held_decodes_leave_at_shutdown_and_on_overflow_unlinked_but_never_lost(tmp_path: Path) -> None:
+    case = CASES["bursty"]
+    sample = traffic(case, 60, seed=7)
+    run = serve(
+        Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
+    )
+    spans = _request_spans(run)
+    export, traces = _export(tmp_path, spans, FakeClock(), max_held=4)
+    export.queue.offer(Batch(RESOURCE, spans))
+    export.drain_once(0.0)
+    decodes, _, _ = _read(traces)
+    # A whole run arrived at once, inside one hold: only the overflow of the hold was written, unlinked.
+    unclassified = export.registry.get_sample_value(OVERLAP_UNCLASSIFIED_COUNTER, {"pool": "colocated"})  # type: ignore[attr-defined]
+    expected = len(_truth(run))
+    assert len(decodes) == unclassified == expected - 4
+    assert all(not d.links and s.ATTR_DECODE_STALLED_ESTIMATED not in d.attributes for d in decodes.values())
+    export.shutdown(1.0)  # the last 4 leave with what is known: everything has arrived
+    decodes, _, _ = _read(traces)
+    assert len(decodes) == expected
+    linked = [d for d in decodes.values() if s.ATTR_DECODE_STALLED_ESTIMATED in d.attributes]
+    assert len(linked) == 4 and any(d.links for d in linked)
+
+
+def test_links_are_bounded_largest_first_and_never_to_the_own_prefill() -> None:
+    from tracer.sidecar.overlap import estimated_stall_links
+
+    own = 7
+    overlaps = [(1_000 + i, (100 + i, 200 + i), i) for i in range(MAX_STALL_LINKS + 8)]
+    links, dropped = estimated_stall_links(own, [(10**9, (own, 1), 5), *overlaps])
+    assert len(links) == MAX_STALL_LINKS and dropped == 8
+    assert own not in {trace_id for trace_id, _, _ in links}
+    assert [a[s.ATTR_LINK_STALLED_NS] for _, _, a in links] == sorted((o[0] for o in overlaps), reverse=True)[
+        :MAX_STALL_LINKS
+    ]
+    assert all(a[s.ATTR_LINK_ESTIMATED] is True for _, _, a in links)
