@@ -196,3 +196,41 @@ def test_a_vllm_pd_pairs_ttft_is_the_clients_and_its_parts_the_oracles(tmp_path)
         assert parts["prefill"] == pytest.approx(r.prefill_end_s - r.prefill_start_s, abs=1e-6)
         assert parts["kv_transfer"] == pytest.approx(r.first_token_s - r.prefill_end_s, abs=1e-6)
         assert abs(parts["decode_wait"]) < 1e-6 and abs(parts["unexplained"]) < 1e-6
+
+
+def test_stock_vllm_through_sidecars_stalls_and_links_are_estimated_and_name_the_overlapping_prompts(tmp_path):
+    """Stock vLLM (request spans only) through a real sidecar: explain has no token times, so every stall is
+    estimated from request overlap and says so; its prefill causes and the sidecar's stall links (estimated
+    too) name prompts that truly ran inside the request's decode, and the links name all of them."""
+    from tests.oracle.through_sidecar import write_via_sidecars
+    from tracer.sidecar.overlap import MAX_STALL_LINKS
+
+    run = serve(Deployment("colocated", workers=1), *_workload(2), Physics())
+    path = tmp_path / "vllm.jsonl"
+    write_via_sidecars(path, run, seed=2)
+    data = load([path])
+    result = explain(data, choose(data, (), WORST, "ttft"), "ttft")
+    index_of = {trace_id: int(trace.request_id.removeprefix("req-")) for trace_id, trace in data.traces.items()}
+    iterations = [it for it in run.iterations or [] if it.worker == 0]
+    checked = 0
+    for request in result["requests"]:
+        r = run.requests[index_of[request["trace_id"]]]
+        ran = {
+            index
+            for it in iterations[r.first_iteration : r.first_iteration + r.output_tokens - 1]
+            for index, _ in it.prefills
+            if index != r.index
+        }
+        assert sum(request["ttft_parts_s"].values()) == pytest.approx(request["ttft_s"], abs=1e-9)
+        linked = {index_of[link["trace_id"]] for link in request["stall_links"]}
+        assert linked == ran if len(ran) <= MAX_STALL_LINKS else linked < ran
+        assert all(link["estimated"] for link in request["stall_links"])
+        for stall in request["stalls"]:
+            assert stall["estimated"] and stall["basis"].startswith("request overlap on worker vllm-0")
+            for cause in stall["causes"]:
+                assert cause["estimated"]
+                if cause["kind"] == "prefill":
+                    assert index_of[cause["trace_id"]] in ran
+                    checked += 1
+    assert checked >= WORST // 2
+    assert sum(bool(request["stall_links"]) for request in result["requests"]) >= WORST // 2

@@ -4,7 +4,7 @@
 {"requests": [{"trace_id", "request_id", "arrival_unix_ns", "ttft_s", "ttft_parts_s": {part: s}, "queued_behind": [...],
                "itl_p99_s", "stalls": [{"start_unix_ns", "end_unix_ns", "duration_s", "causes": [
                    {"kind", "trace_id", "prefill_tokens", "share", "estimated"}], ...}],
-               "stall_links": [{"trace_id", "span_id", "stalled_s", "prefill_tokens"}]}],
+               "stall_links": [{"trace_id", "span_id", "stalled_s", "prefill_tokens", "estimated"}]}],
  "summary": {...}}
 ```
 
@@ -30,8 +30,10 @@ def _finite(value: float) -> float | None:
 
 
 def stall_links(trace: Trace) -> list[dict[str, Any]]:
-    """The stall links its decode spans carry from the source (the worker's pipeline knew which prefills
-    ran in each stalled step): the linked prefill span, the stall time its tokens took, largest first."""
+    """The stall links its decode spans carry from the source, largest first: the linked prefill span and
+    the stall time its tokens took. Measured where the worker's pipeline knew which prefills ran in each
+    stalled step; `estimated` where the sidecar inferred them from request overlap (stock vLLM: the link
+    says `splitscope.link.estimated`, its stalled time the overlap)."""
     out: list[dict[str, Any]] = []
     for decode in trace.stages.get(s.SPAN_DECODE, []):
         for link in decode.links:
@@ -45,6 +47,7 @@ def stall_links(trace: Trace) -> list[dict[str, Any]]:
                     "span_id": link.span_id,
                     "stalled_s": stalled_ns / 1e9,
                     "prefill_tokens": tokens if isinstance(tokens, int) else None,
+                    "estimated": link.attributes.get(s.ATTR_LINK_ESTIMATED) is True,
                 }
             )
     out.sort(key=lambda link: -link["stalled_s"])

@@ -73,7 +73,11 @@ def _request(request: dict[str, Any]) -> list[str]:
     if links:
         linked = ", ".join(f"`{link['trace_id']}` {link['stalled_s'] * 1e3:.1f} ms" for link in links[:5])
         more = f" and {len(links) - 5} more" if len(links) > 5 else ""
-        lines += [f"Stall links from the worker (prefills in its stalled steps): {linked}{more}.", ""]
+        if any(link["estimated"] for link in links):
+            source = "the sidecar (estimated: prefills overlapping its decode on the same worker)"
+        else:
+            source = "the worker (prefills in its stalled steps)"
+        lines += [f"Stall links from {source}: {linked}{more}.", ""]
     return lines
 
 
