@@ -4,7 +4,8 @@ The stack, shared by the module (real processes, sockets and HTTP; nothing downl
 - a tiny random Llama and a byte-level tokenizer written at test time by tests/engines/tiny_llama.py;
 - `splitscope sidecar` (OTLP/gRPC in, traces file, /metrics) scraping vLLM's /metrics;
 - vLLM's OpenAI API server exporting its `llm_request` spans to the sidecar over OTLP/gRPC;
-- `splitscope load` driving streamed completions at vLLM (each request carries a traceparent);
+- `splitscope load` driving streamed completions at vLLM (each request carries a traceparent): short
+  prompts at a steady rate, then a few with long answers and one long prompt arriving while they decode;
 - a real Prometheus scraping the sidecar, with the committed rules.
 Checked against what we did not write: vLLM's own span attributes and /metrics, and the load client's own
 clock (each request's send and first-token times bracket where the sidecar put vLLM's stages).
@@ -21,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import promql_parser
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpanExporter
@@ -35,6 +37,7 @@ from tracer import spans as s
 from tracer.alerts.rules import RULES_PATH
 from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tracer.engines import vllm
+from tracer.explain.stalls import STALL_FLOOR_S
 from tracer.export.otel import to_readable_span
 from tracer.metrics import ENGINE_SCRAPE_UP, PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
 from tracer.sidecar.server import Sidecar, SidecarConfig
@@ -42,7 +45,14 @@ from tracer.traces import Span, iter_spans
 from tracer.vocabulary import Verdict
 
 MODEL = "tiny-llama"
-REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
+SHORT_REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
+# After them, a few short prompts with long answers, and one long prompt LONG_AFTER_S later, while they
+# decode: its prefill stalls them (the explain test). The other tests count these among the requests.
+DECODING_REQUESTS, DECODING_OUTPUT_TOKENS, DECODING_AFTER_S = 3, 440, 0.5
+# Long enough that its prefill outlasts explain's 10 ms stall floor with room (about 45 ms on two idle cores).
+LONG_PROMPT_TOKENS, LONG_AFTER_S = 1800, 0.4
+MAX_MODEL_LEN = 2048  # tests/engines/tiny_llama.py SERVED_MAX_LEN
+REQUESTS = SHORT_REQUESTS + DECODING_REQUESTS + 1
 VLLM_START_S = 300.0  # imports torch, builds the model, profiles memory: about 70 s on 2 idle cores
 PANEL_WAIT_S = 60.0
 OVERLAP_HOLD_S = 5.0  # a finished decode waits this long for overlapping prefills (the default is 30 s)
@@ -80,6 +90,63 @@ def _sum(families: dict, family: str, sample: str, **labels: str) -> float:
 
 def _requests_done(vllm_url: str) -> float:
     return _sum(_families(vllm_url + "/metrics"), "vllm:request_success", "vllm:request_success_total")
+
+
+def _workloads(main: Path, long: Path) -> None:
+    """The two schedules (`splitscope load --replay`). `main`: SHORT_REQUESTS short prompts, Poisson
+    arrivals at RATE_RPS, then, DECODING_AFTER_S after the last, DECODING_REQUESTS short prompts with long
+    answers at once. `long`: the long prompt LONG_AFTER_S after those, while they decode (their first
+    tokens take milliseconds, their answers a second or more). A second client sends it: one client's
+    sends lag while its own streams run (`lag_s` in its output shows it), which would hold it back."""
+    arrivals_s = np.cumsum(np.random.default_rng(17).exponential(1 / RATE_RPS, SHORT_REQUESTS))
+    rows = [(float(a), PROMPT_TOKENS, OUTPUT_TOKENS) for a in arrivals_s]
+    decoding_s = float(arrivals_s[-1]) + DECODING_AFTER_S
+    rows += [(decoding_s, PROMPT_TOKENS, DECODING_OUTPUT_TOKENS)] * DECODING_REQUESTS
+    for path, lines in ((main, rows), (long, [(decoding_s + LONG_AFTER_S, LONG_PROMPT_TOKENS, OUTPUT_TOKENS)])):
+        path.write_text(
+            "".join(json.dumps({"arrival_s": a, "prompt_tokens": n, "output_tokens": o}) + "\n" for a, n, o in lines)
+        )
+
+
+def _run_loads(work: Path, vllm_url: str) -> dict:
+    """Both schedules at once, one `splitscope load` each, started together; their outputs as one, every
+    offset on the main run's clock (each run's `started_unix_s` is its own time zero)."""
+    runs = [(work / f"load-{name}.json", work / f"workload-{name}.jsonl") for name in ("main", "long")]
+    _workloads(runs[0][1], runs[1][1])
+    processes = [
+        subprocess.Popen(
+            splitscope(
+                "load",
+                "--url",
+                vllm_url,
+                "--model",
+                MODEL,
+                "--replay",
+                str(workload),
+                "--seed",
+                seed,
+                "--tokenizer",
+                "bytes",
+                "--out",
+                str(out),
+                "--no-progress",
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for (out, workload), seed in zip(runs, ("17", "18"))
+    ]
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stdout[-2000:] + stderr[-2000:]
+    main, long = (json.loads(out.read_text()) for out, _ in runs)
+    shift_s = long["started_unix_s"] - main["started_unix_s"]
+    for r in long["requests"]:
+        for key in ("scheduled_s", "sent_s"):
+            r[key] += shift_s
+    main["requests"] += long["requests"]
+    return main
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +204,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 "--port",
                 str(vllm_port),
                 "--max-model-len",
-                "512",
+                str(MAX_MODEL_LEN),
                 "--max-num-seqs",
                 "8",
                 "--dtype",
@@ -148,7 +215,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             ],
             work / "vllm.log",
             env={
-                "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 512-token tiny model
+                "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache: plenty for a 2048-token tiny model
                 "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
                 "OTEL_BSP_SCHEDULE_DELAY": "200",
             },
@@ -157,43 +224,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         engine.wait_http(vllm_url + "/health", VLLM_START_S)
         with running_prometheus([f"127.0.0.1:{http_port}"], rule_files=[RULES_PATH]) as prom:
             prom.wait_targets_up(timeout_s=30)
-            load_out = work / "load.json"
-            ran = subprocess.run(
-                splitscope(
-                    "load",
-                    "--url",
-                    vllm_url,
-                    "--model",
-                    MODEL,
-                    "--requests",
-                    str(REQUESTS),
-                    "--rate",
-                    str(RATE_RPS),
-                    "--prompt-tokens",
-                    str(PROMPT_TOKENS),
-                    "--output-tokens",
-                    str(OUTPUT_TOKENS),
-                    "--seed",
-                    "17",
-                    "--tokenizer",
-                    "bytes",
-                    "--out",
-                    str(load_out),
-                    "--no-progress",
-                ),
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
-            load = json.loads(load_out.read_text())
+            load = _run_loads(work, vllm_url)
             wait_for(lambda: _requests_done(vllm_url) >= REQUESTS, 60, "vLLM to finish every request")
 
             def all_request_spans() -> list[Span] | None:
                 spans = list(iter_spans([traces], skip_bad=True)) if traces.exists() else []
-                return spans if sum(x.name == vllm.SPAN_NAME for x in spans) >= REQUESTS else None
+                requests = sum(x.name == vllm.SPAN_NAME for x in spans)
+                # A decode span leaves the sidecar once its hold has passed (it waits for its stall links).
+                decodes = sum(x.name == s.SPAN_DECODE for x in spans)
+                return spans if requests >= REQUESTS and decodes >= REQUESTS else None
 
-            spans = wait_for(all_request_spans, 60, f"{REQUESTS} llm_request spans in the sidecar's traces")
+            spans = wait_for(
+                all_request_spans, OVERLAP_HOLD_S + 60, f"{REQUESTS} llm_request and decode spans in the traces"
+            )
             yield Stack(vllm_url, sidecar_url, traces, load, spans, engine, sidecar, prom)
     finally:
         if engine is not None:
@@ -227,8 +270,10 @@ def test_every_request_has_stage_spans_placed_on_vllms_own_timeline(stack: Stack
         # The front end's share (arrival until the engine core queued it) is kept apart.
         assert queue.attributes[s.ATTR_FRONTEND_S] == pytest.approx((queue.start_ns - arrival) / 1e9, abs=1e-9)
         gaps_s.append(queue.attributes[s.ATTR_FRONTEND_S])
-        assert prefill.attributes[s.ATTR_PREFILL_TOKENS] == a[vllm.ATTR_PROMPT_TOKENS] == PROMPT_TOKENS
-        assert decode.attributes[s.ATTR_OUTPUT_TOKENS] == a[vllm.ATTR_COMPLETION_TOKENS] == OUTPUT_TOKENS
+        assert prefill.attributes[s.ATTR_PREFILL_TOKENS] == a[vllm.ATTR_PROMPT_TOKENS]
+        assert a[vllm.ATTR_PROMPT_TOKENS] == client[request.trace_id]["prompt_tokens"]
+        assert decode.attributes[s.ATTR_OUTPUT_TOKENS] == a[vllm.ATTR_COMPLETION_TOKENS]
+        assert a[vllm.ATTR_COMPLETION_TOKENS] == client[request.trace_id]["requested_output_tokens"]
         for stage in stages.values():
             assert stage.attributes[s.ATTR_POOL] == "colocated" and stage.attributes[s.ATTR_WORKER] == "vllm-0"
         # The client's clock brackets it: vLLM's arrival after the send, its first token before the client saw it.
@@ -560,6 +605,59 @@ def test_request_level_interference_families_agree_with_vllms_own_metrics(stack:
     assert 0 < prefill_busy < busy
     # Busy time is the union of the requests' prefill and decode windows: at most the sum of their lengths.
     assert busy <= _sum(engine, "vllm:request_prefill_time_seconds", "vllm:request_prefill_time_seconds_sum") + decode_s
+
+
+def test_explain_names_the_long_prompt_behind_the_short_requests_stalls(stack: Stack, tmp_path: Path) -> None:
+    """`splitscope explain` on the sidecar's traces of a real vLLM (request spans only, no token times):
+    the short requests whose decode ran while the long prompt's prefill did have stalls caused by that
+    prefill, each marked estimated with what it rests on; the sidecar's decode spans link that prefill
+    span, marked estimated; the TTFT parts add up to vLLM's own TTFT. Which requests overlapped is read
+    off the stage spans, which the first test holds against vLLM's attributes and the client's clock."""
+    by_trace: dict[str, dict[str, Span]] = defaultdict(dict)
+    for span in stack.spans:
+        by_trace[span.trace_id][span.name] = span
+    (long_id,) = [r["trace_id"] for r in stack.load["requests"] if r["prompt_tokens"] == LONG_PROMPT_TOKENS]
+    long_prefill = by_trace[long_id][s.SPAN_PREFILL]
+
+    def overlap_s(trace_id: str) -> float:
+        decode = by_trace[trace_id][s.SPAN_DECODE]
+        return (min(decode.end_ns, long_prefill.end_ns) - max(decode.start_ns, long_prefill.start_ns)) / 1e9
+
+    stalled = [t for t in by_trace if t != long_id and s.SPAN_DECODE in by_trace[t] and overlap_s(t) > STALL_FLOOR_S]
+    assert stalled, "no short request decoded while the long prompt's prefill ran: the workload lost its point"
+    out = tmp_path / "explain.json"
+    args = ["explain", str(stack.traces), "--format", "json", "-o", str(out)]
+    for trace_id in [*stalled, long_id]:
+        args += ["--trace-id", trace_id]
+    ran = subprocess.run(splitscope(*args), capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    result = json.loads(out.read_text())
+    explained = {r["trace_id"]: r for r in result["requests"]}
+    assert set(explained) == {*stalled, long_id}
+    for trace_id, request in explained.items():
+        root = by_trace[trace_id][vllm.SPAN_NAME]
+        assert request["ttft_s"] == pytest.approx(root.attributes[vllm.ATTR_TTFT], abs=1e-9)
+        assert sum(request["ttft_parts_s"].values()) == pytest.approx(request["ttft_s"], abs=1e-9)
+        for stall in request["stalls"]:  # no token times: every stall is an estimate, saying from what
+            assert stall["estimated"] and stall["basis"].startswith("request overlap on worker vllm-0"), stall
+            assert all(cause["estimated"] for cause in stall["causes"])
+    for trace_id in stalled:
+        request = explained[trace_id]
+        by_long = [
+            c
+            for stall in request["stalls"]
+            for c in stall["causes"]
+            if c["trace_id"] == long_id and c["kind"] == "prefill"
+        ]
+        assert by_long, (trace_id, request["stalls"])
+        assert all(c["prefill_tokens"] == LONG_PROMPT_TOKENS for c in by_long)
+        # The sidecar's decode span links the long prompt's prefill span, marked estimated.
+        links = {link["span_id"]: link for link in request["stall_links"]}
+        assert long_prefill.span_id in links and links[long_prefill.span_id]["trace_id"] == long_id
+        assert all(link["estimated"] for link in request["stall_links"])
+        assert links[long_prefill.span_id]["prefill_tokens"] == LONG_PROMPT_TOKENS
+    assert long_id in {top["trace_id"] for top in result["summary"]["top_causes"]}
+    assert result["summary"]["estimated"] is True
 
 
 def test_scrape_health_when_vllm_goes_away(stack: Stack) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-SERVED_MAX_LEN = 512
+SERVED_MAX_LEN = 2048  # room for the long prompt of tests/engines/test_vllm_real.py
 
 
 def byte_tokenizer():
