@@ -318,12 +318,17 @@ class OverlapClassifier:
             if entry is None:
                 continue
             resource, span = entry
+            cols = np.flatnonzero(hit[row])
+            # Only the longest overlaps become links: rank them here, build at most one link too many (the
+            # request's own prefill, which ends before its decode starts, is left out below if there).
+            top = cols[np.argsort(-overlap_ns[row, cols], kind="stable")[: MAX_STALL_LINKS + 1]]
             overlaps = []
-            for c in np.flatnonzero(hit[row]).tolist():
+            for c in top.tolist():
                 ns = int(overlap_ns[row, c])
                 ids = worker.prefill_ids[int(candidates[c, 3])]
                 overlaps.append((ns, ids, self._link_tokens(int(candidates[c, 2]), ns, candidates[c])))
             links, dropped = estimated_stall_links(span.trace_id, overlaps)
+            dropped += len(cols) - len(top)
             span.links = links
             span.attributes[s.ATTR_DECODE_STALLED_NS] = int(prefill_ns[row])
             span.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] = True
