@@ -46,12 +46,12 @@ from tracer.vocabulary import Verdict
 
 MODEL = "tiny-llama"
 SHORT_REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
-# After them, a few short prompts with long answers, and one long prompt LONG_AFTER_S later, while they
-# decode: its prefill stalls them (the explain test). The other tests count these among the requests.
+# After them, a few short prompts with long answers and one long prompt, whose prefill chunks stall their
+# decode (the explain test; _write_workload). The other tests count these among the requests.
 DECODING_REQUESTS, DECODING_OUTPUT_TOKENS, DECODING_AFTER_S = 3, 440, 0.5
-# Long enough that its prefill outlasts explain's 10 ms stall floor with room (about 45 ms on two idle cores).
-LONG_PROMPT_TOKENS, LONG_AFTER_S = 1800, 0.4
+LONG_PROMPT_TOKENS = 1800
 MAX_MODEL_LEN = 2048  # tests/engines/tiny_llama.py SERVED_MAX_LEN
+BATCHED_TOKENS = 512  # vLLM's --max-num-batched-tokens: the long prompt prefills in four chunks
 REQUESTS = SHORT_REQUESTS + DECODING_REQUESTS + 1
 VLLM_START_S = 300.0  # imports torch, builds the model, profiles memory: about 70 s on 2 idle cores
 PANEL_WAIT_S = 60.0
@@ -92,61 +92,21 @@ def _requests_done(vllm_url: str) -> float:
     return _sum(_families(vllm_url + "/metrics"), "vllm:request_success", "vllm:request_success_total")
 
 
-def _workloads(main: Path, long: Path) -> None:
-    """The two schedules (`splitscope load --replay`). `main`: SHORT_REQUESTS short prompts, Poisson
-    arrivals at RATE_RPS, then, DECODING_AFTER_S after the last, DECODING_REQUESTS short prompts with long
-    answers at once. `long`: the long prompt LONG_AFTER_S after those, while they decode (their first
-    tokens take milliseconds, their answers a second or more). A second client sends it: one client's
-    sends lag while its own streams run (`lag_s` in its output shows it), which would hold it back."""
+def _write_workload(path: Path) -> None:
+    """The load's schedule (`splitscope load --replay`): SHORT_REQUESTS short prompts, Poisson arrivals at
+    RATE_RPS; DECODING_AFTER_S after the last, DECODING_REQUESTS short prompts with long answers and,
+    behind them in the same instant, the long prompt. vLLM takes them in order into a step of at most
+    BATCHED_TOKENS: the short prompts whole, the long one's first chunk; its other chunks run in the next
+    steps, beside the short requests' first decode steps. All at once, because a client on a busy machine
+    sends late while vLLM computes (`lag_s` in its output): a prompt sent "while they decode" lands after."""
     arrivals_s = np.cumsum(np.random.default_rng(17).exponential(1 / RATE_RPS, SHORT_REQUESTS))
     rows = [(float(a), PROMPT_TOKENS, OUTPUT_TOKENS) for a in arrivals_s]
     decoding_s = float(arrivals_s[-1]) + DECODING_AFTER_S
     rows += [(decoding_s, PROMPT_TOKENS, DECODING_OUTPUT_TOKENS)] * DECODING_REQUESTS
-    for path, lines in ((main, rows), (long, [(decoding_s + LONG_AFTER_S, LONG_PROMPT_TOKENS, OUTPUT_TOKENS)])):
-        path.write_text(
-            "".join(json.dumps({"arrival_s": a, "prompt_tokens": n, "output_tokens": o}) + "\n" for a, n, o in lines)
-        )
-
-
-def _run_loads(work: Path, vllm_url: str) -> dict:
-    """Both schedules at once, one `splitscope load` each, started together; their outputs as one, every
-    offset on the main run's clock (each run's `started_unix_s` is its own time zero)."""
-    runs = [(work / f"load-{name}.json", work / f"workload-{name}.jsonl") for name in ("main", "long")]
-    _workloads(runs[0][1], runs[1][1])
-    processes = [
-        subprocess.Popen(
-            splitscope(
-                "load",
-                "--url",
-                vllm_url,
-                "--model",
-                MODEL,
-                "--replay",
-                str(workload),
-                "--seed",
-                seed,
-                "--tokenizer",
-                "bytes",
-                "--out",
-                str(out),
-                "--no-progress",
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for (out, workload), seed in zip(runs, ("17", "18"))
-    ]
-    for process in processes:
-        stdout, stderr = process.communicate(timeout=300)
-        assert process.returncode == 0, stdout[-2000:] + stderr[-2000:]
-    main, long = (json.loads(out.read_text()) for out, _ in runs)
-    shift_s = long["started_unix_s"] - main["started_unix_s"]
-    for r in long["requests"]:
-        for key in ("scheduled_s", "sent_s"):
-            r[key] += shift_s
-    main["requests"] += long["requests"]
-    return main
+    rows.append((decoding_s, LONG_PROMPT_TOKENS, OUTPUT_TOKENS))  # a replay keeps the order of equal arrivals
+    path.write_text(
+        "".join(json.dumps({"arrival_s": a, "prompt_tokens": n, "output_tokens": o}) + "\n" for a, n, o in rows)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +167,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 str(MAX_MODEL_LEN),
                 "--max-num-seqs",
                 "8",
+                "--max-num-batched-tokens",
+                str(BATCHED_TOKENS),
+                "--enable-chunked-prefill",
                 "--dtype",
                 "float32",
                 "--enforce-eager",
@@ -224,7 +187,31 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         engine.wait_http(vllm_url + "/health", VLLM_START_S)
         with running_prometheus([f"127.0.0.1:{http_port}"], rule_files=[RULES_PATH]) as prom:
             prom.wait_targets_up(timeout_s=30)
-            load = _run_loads(work, vllm_url)
+            load_out, workload = work / "load.json", work / "workload.jsonl"
+            _write_workload(workload)
+            ran = subprocess.run(
+                splitscope(
+                    "load",
+                    "--url",
+                    vllm_url,
+                    "--model",
+                    MODEL,
+                    "--replay",
+                    str(workload),
+                    "--seed",
+                    "17",
+                    "--tokenizer",
+                    "bytes",
+                    "--out",
+                    str(load_out),
+                    "--no-progress",
+                ),
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+            load = json.loads(load_out.read_text())
             wait_for(lambda: _requests_done(vllm_url) >= REQUESTS, 60, "vLLM to finish every request")
 
             def all_request_spans() -> list[Span] | None:
@@ -624,7 +611,19 @@ def test_explain_names_the_long_prompt_behind_the_short_requests_stalls(stack: S
         return (min(decode.end_ns, long_prefill.end_ns) - max(decode.start_ns, long_prefill.start_ns)) / 1e9
 
     stalled = [t for t in by_trace if t != long_id and s.SPAN_DECODE in by_trace[t] and overlap_s(t) > STALL_FLOOR_S]
-    assert stalled, "no short request decoded while the long prompt's prefill ran: the workload lost its point"
+    decodes_ms = sorted(
+        (
+            round((x[s.SPAN_DECODE].start_ns - long_prefill.start_ns) / 1e6),
+            round((x[s.SPAN_DECODE].end_ns - long_prefill.start_ns) / 1e6),
+        )
+        for x in by_trace.values()
+        if s.SPAN_DECODE in x
+    )
+    assert stalled, (
+        "no short request decoded while the long prompt's prefill ran: the workload lost its point; long prefill "
+        f"{(long_prefill.end_ns - long_prefill.start_ns) / 1e6:.1f} ms, decodes (ms from its start): {decodes_ms}, "
+        f"client lags: {[round(r['lag_s'], 3) for r in stack.load['requests']]}"
+    )
     out = tmp_path / "explain.json"
     args = ["explain", str(stack.traces), "--format", "json", "-o", str(out)]
     for trace_id in [*stalled, long_id]:
