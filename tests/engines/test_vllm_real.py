@@ -5,7 +5,8 @@ The stack, shared by the module (real processes, sockets and HTTP; nothing downl
 - `splitscope sidecar` (OTLP/gRPC in, traces file, /metrics) scraping vLLM's /metrics;
 - vLLM's OpenAI API server exporting its `llm_request` spans to the sidecar over OTLP/gRPC;
 - `splitscope load` driving streamed completions at vLLM (each request carries a traceparent): short
-  prompts at a steady rate, then a few with long answers and one long prompt arriving while they decode;
+  prompts at a steady rate, then a few with long answers and a long prompt whose prefill chunks run
+  beside their decode (vLLM with a 512-token step budget);
 - a real Prometheus scraping the sidecar, with the committed rules.
 Checked against what we did not write: vLLM's own span attributes and /metrics, and the load client's own
 clock (each request's send and first-token times bracket where the sidecar put vLLM's stages).
