@@ -18,14 +18,14 @@ from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Deployment, Run, serve
 from tests.oracle.traces import vllm_request_lines
 from tracer import spans as s
+from tracer.engines import vllm
+from tracer.engines.vllm import VllmAdapter
 from tracer.export.local_sink import MetricsRecorder
 from tracer.metrics import OVERLAP_UNCLASSIFIED_COUNTER, Catalogue
-from tracer.sidecar import vllm
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.otlp_decode import decode_json
 from tracer.sidecar.overlap import MAX_STALL_LINKS, OverlapClassifier
-from tracer.sidecar.vllm import VllmAdapter
 from tracer.traces import Span, iter_spans
 from tracer.vocabulary import Pool
 
@@ -55,7 +55,7 @@ def _export(tmp_path: Path, spans: list[s.SpanData], clock: FakeClock, **classif
         IngestQueue(len(spans) + 1, lambda reason, n: None),
         MetricsRecorder(catalogue),
         traces_file=str(traces),
-        vllm=VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0"),
+        adapters=[(VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0"), True)],
         overlap=OverlapClassifier(catalogue, hold_s=HOLD_S, clock_s=clock, **classifier),
     )
     export.registry = registry  # type: ignore[attr-defined]
