@@ -104,7 +104,8 @@ def _exports_to_itself(host: str, ports: list[int]) -> str | None:
     default=30.0,
     show_default=True,
     help="Seconds of the engine's timeline a finished decode waits for the prefills that overlapped it "
-    "(request-level interference); later ones are counted as late.",
+    "(request-level interference; its span leaves then, with stall links to them); later ones are counted "
+    "as late.",
 )
 @click.option("--no-gpu", is_flag=True, help="Do not sample GPUs through NVML.")
 @click.option(
