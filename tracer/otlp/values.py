@@ -130,6 +130,11 @@ json_string = json.JSONEncoder(separators=(",", ":")).encode  # ensure_ascii, as
 def any_value_json(value: Any) -> str:
     """The OTLP/JSON AnyValue object for one attribute value (the OpenTelemetry encoder's type order).
     Raises TypeError for a type OTLP has no value for."""
+    kind = type(value)  # the common exact types first: this runs once per attribute of every span and link
+    if kind is int:
+        return '{"intValue":"' + str(value) + '"}'
+    if kind is str:
+        return '{"stringValue":' + json_string(value) + "}"
     if value is None:
         return "{}"
     if value is True:
@@ -155,6 +160,17 @@ def any_value_json(value: Any) -> str:
     raise TypeError(f"Invalid type {type(value)} of value {value}")
 
 
+# Attribute keys repeat on every span (our vocabulary, an engine's): their encoded prefix is kept, up to a bound
+# that an engine sending unbounded key names cannot grow past.
+_KEY_PREFIXES: dict[str, str] = {}
+_MAX_KEY_PREFIXES = 4096
+
+
 def key_value_json(key: str, value: Any) -> str:
     """One OTLP/JSON KeyValue object."""
-    return '{"key":' + json_string(key) + ',"value":' + any_value_json(value) + "}"
+    prefix = _KEY_PREFIXES.get(key)
+    if prefix is None:
+        prefix = '{"key":' + json_string(key) + ',"value":'
+        if len(_KEY_PREFIXES) < _MAX_KEY_PREFIXES:
+            _KEY_PREFIXES[key] = prefix
+    return prefix + any_value_json(value) + "}"
