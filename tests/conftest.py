@@ -76,11 +76,13 @@ SLOW_PATHS = (
 # Slow tests that time nothing of this machine's: the wheel, and the oracle's own timings replayed into
 # sidecars and Prometheus (its ratios and alerts come from the replayed data, however late it arrives).
 # They run in the first phase beside the unit tests: what they assert holds however slowly they run.
+# (Not the catalogue-and-panels live test: its exporter runs at nice 19, as deployed, and beside a busy core
+# and the unit tests it was starved past Prometheus's scrape timeout, so the disaggregated server's series
+# went stale mid-module. It stays serial.)
 UNTIMED_SLOW_PATHS = (
     "tests/packaging/",
     "tests/e2e/test_request_interference_live.py",
     "tests/explain/test_reference_server.py",  # asserts causes and sums, whatever the stall took here
-    "tests/e2e/test_catalogue_and_panels_live.py",  # waits for every series, judges none by its value in time
     "tests/engines/test_vllm_real.py",  # span order on vLLM's own clock; its sums compare vLLM with itself
     "tests/faults/test_decode_worker_dies_mid_transfer.py",  # signals order the race; the deadline is 30 s
     "tests/reference_server/test_demo.py",  # a ratio of two step kinds of the same run, both slowed alike
