@@ -5,7 +5,7 @@
 Generates the file from a ground-truth cost model (tests.synthetic; not timed), then runs
 `build_report` in a fresh child process and prints its wall time, peak RSS, the share spent reading the
 file (tracer.report.read + our column extraction) and spans per second, all measured in this run.
-`--compare-generic-reader` also runs the report with the generic reader (tracer.traces.iter_spans: a Span
+`--compare-generic-reader` also runs the report with the generic reader (tracer.otlp.iter_spans: a Span
 with every attribute for every span), one child after the other, prints the load-time ratio of the two and
 checks that both give the same verdict and the same goodput table. `--proto` also writes the same spans as
 the OpenTelemetry Collector file exporter's `format: proto` file (4-byte big-endian length, then a
@@ -39,7 +39,7 @@ _CHILD = r"""
 import json, resource, sys, time
 import tracer.report.tables
 if sys.argv[2] == "generic":
-    from tracer.traces import iter_spans
+    from tracer.otlp import iter_spans
     tracer.report.tables.iter_report_spans = lambda paths, *, skip_bad, stats, steps: iter_spans(
         paths, skip_bad=skip_bad, stats=stats
     )

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tracer import spans as s
+from tracer.otlp import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 from tracer.report.simulate import (
     Costs,
     EngineParams,
@@ -33,7 +34,6 @@ from tracer.report.simulate import (
     simulate,
 )
 from tracer.spans import ATTR_STEP_PREFILL_ATTENTION_TOKENS2
-from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 from tracer.vocabulary import Mode, Pool
 
 EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: synthetic traces start here

@@ -1,7 +1,7 @@
 """Applications stand side by side (architecture.md section 1, "Layers"): none imports another's modules.
 
 Read with the ast module, so it holds for imports inside functions too. An application may import the shared
-layers (the tracer core, tracer.vocabulary, tracer.metrics, tracer.otlp / tracer.traces, tracer.engines,
+layers (the tracer core, tracer.vocabulary, tracer.metrics, tracer.otlp, tracer.engines,
 tracer.export, tracer.cli) and, where `ALLOWED` says so and why, a named module of another application.
 """
 

@@ -49,7 +49,7 @@ from tracer.alerts.rules import render_rules_yaml
 from tracer.dashboards import advice, overview
 from tracer.dashboards.catalogue import dashboard_queries, grafana_to_promql
 from tracer.load import BurstSpec, LengthSpec, LoadConfig
-from tracer.traces import SPAN_KIND_SERVER, iter_spans
+from tracer.otlp import SPAN_KIND_SERVER, iter_spans
 
 FOR_SCALE = 0.005  # LayoutChangeAdvised 15m -> 4.5 s
 # The grace covers the synthetic requests' lengths (a few seconds of decode): each window then sees all its

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from tracer.advise.tail import FileTail
-from tracer.traces import TraceFormat
+from tracer.otlp import TraceFormat
 
 
 def _line(n: int) -> bytes:

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from tests.reference_server.server_harness import Server, http
 from tracer import spans as s
 from tracer.cli.main import main
-from tracer.traces import iter_spans
+from tracer.otlp import iter_spans
 
 MODEL = "small"  # the preset names the served model
 SHORT_REQUESTS = 3

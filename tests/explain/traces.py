@@ -13,7 +13,7 @@ from typing import Any
 
 from tests.synthetic import request_line, span_dict
 from tracer import spans as s
-from tracer.traces import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
+from tracer.otlp import SPAN_KIND_INTERNAL, SPAN_KIND_SERVER
 
 EPOCH_NS = 1_790_000_000_000_000_000
 _ids = itertools.count(1)

@@ -12,7 +12,7 @@ from reference_server.launch.process import ServerProcess
 from tests.reference_server.server_harness import wait_for
 from tracer.load import ClientSLO, LoadConfig, run_load_sync
 from tracer.load.stats import meets_slo
-from tracer.traces import iter_spans
+from tracer.otlp import iter_spans
 
 # Client TTFT runs from the client's send to the first SSE chunk it parses; the server's from the router
 # receiving the request to handing the first chunk to aiohttp. The difference is loopback HTTP plus two

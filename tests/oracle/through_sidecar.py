@@ -10,8 +10,8 @@ from pathlib import Path
 from tests.conftest import wait_for
 from tests.oracle.engine import Run
 from tests.oracle.traces import vllm_pd_lines, vllm_request_lines
+from tracer.otlp import iter_spans
 from tracer.sidecar.server import Sidecar, SidecarConfig
-from tracer.traces import iter_spans
 from tracer.vocabulary import Mode, Pool
 
 STAGE_SPANS_PER_REQUEST = 3  # queue, prefill, decode under each llm_request

@@ -22,7 +22,7 @@ from reference_server.kv_cache import BlockAllocator, KVCachePool
 from reference_server.model import ModelArgs, build_model, generate
 from reference_server.tokenizer import encode
 from tests.conftest import REPO_ROOT, wait_for  # noqa: F401  (wait_for: the tests import it from here too)
-from tracer.traces import Span, iter_spans
+from tracer.otlp import Span, iter_spans
 
 STARTUP_TIMEOUT_S = 180.0  # workers import torch and build the model; a loaded 2-core box is slow
 

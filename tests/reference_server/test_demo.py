@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from tracer import spans as s
-from tracer.traces import iter_spans
+from tracer.otlp import iter_spans
 from tracer.vocabulary import Verdict
 
 

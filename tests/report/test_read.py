@@ -24,14 +24,14 @@ from tracer import TraceContext, start_tracing
 from tracer import spans as s
 from tracer.export.otel import OtlpJsonFileExporter
 from tracer.metrics import Catalogue
+from tracer.otlp import ReadStats, TraceFileError, iter_spans
 from tracer.report.tables import TraceData, TraceDataError, load_traces
-from tracer.traces import ReadStats, TraceFileError, iter_spans
 
 MS = 1_000_000
 
 
 def _generic_load(monkeypatch, paths, **kwargs) -> TraceData:
-    """The tables as the generic reader (tracer.traces.iter_spans: a Span for every span) gives them."""
+    """The tables as the generic reader (tracer.otlp.iter_spans: a Span for every span) gives them."""
     with monkeypatch.context() as patch:
         patch.setattr(
             tables,

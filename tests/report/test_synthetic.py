@@ -11,8 +11,8 @@ from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, Trace
 
 from tests.synthetic import request_line, span_dict
 from tracer.export.otel import encode_line
+from tracer.otlp import SPAN_KIND_INTERNAL, iter_spans
 from tracer.report.tables import load_traces
-from tracer.traces import SPAN_KIND_INTERNAL, iter_spans
 
 TRACE_ID, SPAN_ID, PARENT_ID = 0x0AF7651916CD43DD8448EB211C80319C, 0x00F067AA0BA902B7, 0x1111111111111111
 ATTRIBUTES = {

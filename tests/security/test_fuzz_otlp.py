@@ -21,7 +21,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 from tests.reference_server.server_harness import http, wait_for
 from tests.security.processes import SidecarProcess
 from tests.tracer.test_traces_fuzz import json_values, otlp_like
-from tracer.traces import iter_spans
+from tracer.otlp import iter_spans
 
 FUZZ_CASES_HTTP = 300
 FUZZ_CASES_GRPC = 200

@@ -10,10 +10,10 @@ import pytest
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from tests.conftest import wait_for
+from tracer.otlp import Span, iter_spans
 from tracer.sidecar.client import SidecarSink
 from tracer.sidecar.server import Sidecar, SidecarConfig
 from tracer.spans import SpanData
-from tracer.traces import Span, iter_spans
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OVERLAP_HOLD_S = 0.05

@@ -22,11 +22,11 @@ from tracer.engines import vllm
 from tracer.engines.vllm import VllmAdapter
 from tracer.export.local_sink import MetricsRecorder
 from tracer.metrics import OVERLAP_UNCLASSIFIED_COUNTER, Catalogue
+from tracer.otlp import Span, iter_spans
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
 from tracer.sidecar.otlp_decode import decode_json
 from tracer.sidecar.overlap import MAX_STALL_LINKS, OverlapClassifier
-from tracer.traces import Span, iter_spans
 from tracer.vocabulary import Pool
 
 HOLD_S = 30.0

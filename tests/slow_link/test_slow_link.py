@@ -20,10 +20,10 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.slow_link.netns import VethLink, unavailable_reason
 from tests.slow_link.trace_window import copy_window
+from tracer.otlp import Span, iter_spans
 from tracer.report.build import ReportOptions, build_report
 from tracer.report.simulate import SLO
 from tracer.spans import ATTR_KV_BYTES
-from tracer.traces import Span, iter_spans
 
 PRESET = "small"  # 6 KiB of KV per token: a 2,000-token prompt moves 12 MB, about 1 s at 100 Mbit/s
 RATE_TOLERANCE = 0.20

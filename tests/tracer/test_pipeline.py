@@ -21,11 +21,11 @@ from tracer.export.gpu import GpuSampler
 from tracer.export.local_sink import MetricsRecorder
 from tracer.export.otel import otlp_exporter_from_env, to_readable_span
 from tracer.metrics import Catalogue
+from tracer.otlp import iter_spans
 from tracer.pipeline import SpanBuilder
 from tracer.records import KIND_REQUEST, KIND_STEP, RequestRecord
 from tracer.slo_outcome import RequestSlo
 from tracer.timing import default_clock
-from tracer.traces import iter_spans
 from tracer.vocabulary import SloObjective
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""tracer.traces: OTLP/JSON lines written by the OpenTelemetry encoder read back field for field."""
+"""tracer.otlp readers: OTLP/JSON lines written by the OpenTelemetry encoder read back field for field."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from tracer.export.otel import OtlpJsonFileExporter, encode_line
-from tracer.traces import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, TraceFileError, iter_spans
+from tracer.otlp import SPAN_KIND_SERVER, STATUS_ERROR, ReadStats, TraceFileError, iter_spans
 
 
 def _finished_spans():

@@ -8,7 +8,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tracer.traces import ReadStats, TraceFileError, iter_spans
+from tracer.otlp import ReadStats, TraceFileError, iter_spans
 
 FUZZ_CASES = 400
 

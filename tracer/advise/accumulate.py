@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracer.otlp import ReadStats, Span
 from tracer.report.read import StepColumns
 from tracer.report.tables import (
     RequestSpans,
@@ -24,7 +25,6 @@ from tracer.report.tables import (
     take_span,
     transfer_table,
 )
-from tracer.traces import ReadStats, Span
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 

@@ -108,8 +108,8 @@ def advise_command(  # type: ignore[no-untyped-def]
     A window with too few requests is decided on itself merged with the windows before it (reason
     carried_fits). TRACES are read once, in the formats `report` reads; with --follow they are tailed
     and each window is decided when it closes (one output line per window)."""
+    from tracer.otlp import TraceFileError
     from tracer.report.tables import TraceDataError
-    from tracer.traces import TraceFileError
 
     if not follow:
         missing = [path for path in traces if not Path(path).is_file()]

@@ -31,9 +31,7 @@ from tracer.advise.build import Advice, AdviceKey, AdviseResult, WindowAdvice, d
 from tracer.advise.deployed import Shape, deployed_shape
 from tracer.advise.tail import FileTail
 from tracer.advise.windows import Window, cut
-from tracer.report.build import ReportOptions
-from tracer.report.tables import TraceData
-from tracer.traces import (
+from tracer.otlp import (
     ReadStats,
     TraceFileError,
     TraceFormat,
@@ -41,6 +39,8 @@ from tracer.traces import (
     record_error,
     spans_from_record,
 )
+from tracer.report.build import ReportOptions
+from tracer.report.tables import TraceData
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, AdviceReason, Verdict
 
 DEFAULT_RETAIN_WINDOWS = 12

@@ -20,9 +20,9 @@ from tracer.advise.exposition import AdviceExporter
 from tracer.advise.follow import ClosedWindow, Follower, replay
 from tracer.advise.render import FOLLOW_HEADER, render, window_line
 from tracer.metrics import AdviceMetrics, serve_metrics
+from tracer.otlp import iter_records, spans_from_record
 from tracer.report.build import ReportOptions
 from tracer.report.tables import load_traces
-from tracer.traces import iter_records, spans_from_record
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE
 
 # Records looked at for `service.namespace` when the traces are read whole (the report's reader drops

@@ -1,7 +1,7 @@
 """Incremental reading of growing trace files: each poll returns only the records appended since the last.
 
 What the sidecar and the OpenTelemetry Collector's file exporter write: OTLP/JSON lines, or the exporter's
-length-prefixed protobuf (told apart by the first byte, as tracer.traces does). Per file the tail keeps an
+length-prefixed protobuf (told apart by the first byte, as tracer.otlp does). Per file the tail keeps an
 open handle, the file's identity (device, inode) and the byte offset just past the last complete record,
 so a poll reads only the bytes appended since the one before. The rules:
 
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from tracer.traces import TraceFileError, TraceFormat
+from tracer.otlp import TraceFileError, TraceFormat
 
 _JSON_FIRST_BYTES = frozenset(b"{ \t\r\n")
 _PROTO_LENGTH_BYTES = 4

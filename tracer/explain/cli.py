@@ -42,8 +42,8 @@ def explain_command(trace_ids, worst, by, skip_bad, fmt, out, traces) -> None:  
     from tracer.explain.read import load
     from tracer.explain.render import render
     from tracer.explain.select import SelectionError, choose
+    from tracer.otlp import TraceFileError
     from tracer.report.tables import TraceDataError
-    from tracer.traces import TraceFileError
 
     try:
         data = load(list(traces), skip_bad=skip_bad)

@@ -1,6 +1,6 @@
 """Trace files -> what `explain` reads: every request trace's spans, and per worker who ran what when.
 
-Spans come from `tracer.traces.iter_spans`, the generic reader, because explain needs the decode span's
+Spans come from `tracer.otlp.iter_spans`, the generic reader, because explain needs the decode span's
 `splitscope.decode.stall` events, which the report's fast reader (`tracer.report.read`) does not decode.
 Step spans are checked and stored exactly as the report does it (`tracer.report.tables`), into the
 report's `StepTable`. A trace file holds one process's view of many requests; a request's spans are
@@ -17,9 +17,9 @@ from typing import Any
 
 from tracer import spans as s
 from tracer.engines import vllm
+from tracer.otlp import SPAN_KIND_SERVER, ReadStats, Span, TraceFileError, iter_spans
 from tracer.report.read import StepColumns
 from tracer.report.tables import VLLM_REQUEST_SPAN, StepTable, TraceDataError, step_table, take_span
-from tracer.traces import SPAN_KIND_SERVER, ReadStats, Span, TraceFileError, iter_spans
 
 _STAGE_NAMES = frozenset((s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_KV_TRANSFER, s.SPAN_KV_RECV, s.SPAN_DECODE))
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from tracer import spans as s
 from tracer.explain.read import ExplainData, Trace, WorkerSpan
-from tracer.traces import Span
+from tracer.otlp import Span
 
 STALL_FACTOR = 2.0  # a stall is a gap over this multiple of the request's median gap ...
 STALL_FLOOR_S = 0.010  # ... and over this many seconds

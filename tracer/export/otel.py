@@ -179,18 +179,29 @@ class CountingBatchSpanProcessor(BatchSpanProcessor):
 
     def force_flush(self, timeout_millis: int | None = None) -> bool:
         """Export what is queued; blocks up to `timeout_millis` (default 30 s). False if not done by then."""
-        done = threading.Event()
-
-        def flush() -> None:
-            BatchSpanProcessor.force_flush(self)
-            done.set()
-
-        threading.Thread(target=flush, name="splitscope-span-flush", daemon=True).start()
-        return done.wait((30_000 if timeout_millis is None else timeout_millis) / 1000)
+        return _within(
+            BatchSpanProcessor.force_flush, self, "flush", 30_000 if timeout_millis is None else timeout_millis
+        )
 
     def shutdown(self) -> None:
-        """Stop the export thread: blocks up to `shutdown_timeout_millis`, then abandons what is left."""
-        self._batch_processor.shutdown(self._shutdown_timeout_millis)
+        """Stop the export thread: blocks up to `shutdown_timeout_millis`, then abandons what is left (the
+        SDK's own shutdown goes on in a daemon thread, which does not hold the process at exit)."""
+        _within(BatchSpanProcessor.shutdown, self, "shutdown", self._shutdown_timeout_millis)
+
+
+def _within(
+    call: Callable[[BatchSpanProcessor], object], processor: BatchSpanProcessor, what: str, millis: int
+) -> bool:
+    """Run the SDK's `call(processor)` on a daemon thread and wait for it at most `millis`: its public
+    flush and shutdown take no deadline they keep. True if it returned in time."""
+    done = threading.Event()
+
+    def run() -> None:
+        call(processor)
+        done.set()
+
+    threading.Thread(target=run, name=f"splitscope-span-{what}", daemon=True).start()
+    return done.wait(millis / 1000)
 
 
 def _env_count(env: Mapping[str, str], name: str, default: int) -> int:

@@ -14,7 +14,7 @@
 
 A shared layer: it imports the tracer core (tracer.spans) and nothing of any application. `requests.py`
 needs opentelemetry-proto and `encode_sdk_line` the OpenTelemetry SDK's exporter; the rest needs only
-orjson and msgspec. The names below are the readers' public API (tracer.traces re-exports them).
+orjson and msgspec. The names below are the readers' public API.
 """
 
 from __future__ import annotations

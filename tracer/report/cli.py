@@ -121,12 +121,12 @@ def report_command(
 
     TRACES are OTLP/JSON lines or the OpenTelemetry Collector file exporter's protobuf files (`format:
     proto`), recognised by content."""
+    from tracer.otlp import TraceFileError
     from tracer.report.build import DEFAULT_MAX_BATCH, ReportOptions, build_report
     from tracer.report.prometheus import PrometheusError, pool_evidence
     from tracer.report.render import headline, render
     from tracer.report.simulate import SLO
     from tracer.report.tables import TraceDataError
-    from tracer.traces import TraceFileError
 
     extra: tuple[str, ...] = ()
     try:

@@ -21,14 +21,14 @@ import numpy as np
 
 from tracer import spans as s
 from tracer.engines import vllm
-from tracer.report.read import StepColumns, iter_report_spans
-from tracer.traces import (
+from tracer.otlp import (
     SPAN_KIND_SERVER,
     STATUS_ERROR,
     ReadStats,
     Span,
     TraceFileError,
 )
+from tracer.report.read import StepColumns, iter_report_spans
 from tracer.vocabulary import Mode, Pool
 
 VLLM_REQUEST_SPAN = vllm.SPAN_NAME
