@@ -91,6 +91,22 @@ UNTIMED_SLOW_PATHS = (
 )
 
 
+# Package fixtures that start a whole reference server, by the folder whose conftest.py defines them: a test
+# there that asks for one (directly or through another fixture) is slow. These judge status codes and
+# bindings, not timings, so they run in the first phase; the folder's other tests stay in the inner loop.
+SERVER_FIXTURES = {
+    "tests/security/": ("server", "workers"),
+}
+
+
+def _starts_a_server_through_a_fixture(path: str, item: pytest.Item) -> bool:
+    fixturenames = getattr(item, "fixturenames", ())
+    return any(
+        path.startswith(folder) and any(name in fixturenames for name in names)
+        for folder, names in SERVER_FIXTURES.items()
+    )
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
@@ -98,5 +114,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
             if not path.startswith(UNTIMED_SLOW_PATHS):
                 item.add_marker(pytest.mark.serial)
+        elif _starts_a_server_through_a_fixture(path, item):
+            item.add_marker(pytest.mark.slow)
         if hasattr(item.module, "running_prometheus"):
             item.add_marker(pytest.mark.live)
