@@ -75,6 +75,17 @@ class PrometheusHandle:
             return [{"metric": {}, "value": result}]
         return result
 
+    def query_range(
+        self, promql: str, start_unix_s: float, end_unix_s: float, step_s: float = 1.0
+    ) -> list[dict[str, Any]]:
+        """Range query, as a Grafana panel runs over its time range; returns `data.result`
+        (matrix: [{'metric': {...}, 'values': [[ts, 'str'], ...]}]).
+
+        Raises PrometheusError with Prometheus's message when it rejects the query.
+        """
+        params = {"query": promql, "start": f"{start_unix_s:.3f}", "end": f"{end_unix_s:.3f}", "step": f"{step_s}"}
+        return self._get("/api/v1/query_range", params)["result"]
+
     def wait_for(
         self,
         promql: str,

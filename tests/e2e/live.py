@@ -107,3 +107,9 @@ def finite_values(result: list[dict[str, Any]]) -> list[float]:
     """The finite sample values of an instant-query result (NaN from 0/0 or an empty histogram is no data)."""
     values = [float(series["value"][1]) for series in result]
     return [v for v in values if math.isfinite(v)]
+
+
+def finite_range_values(result: list[dict[str, Any]]) -> list[float]:
+    """The finite sample values of a range-query result, every series and step together."""
+    values = [float(value) for series in result for _, value in series["values"]]
+    return [v for v in values if math.isfinite(v)]

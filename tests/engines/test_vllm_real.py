@@ -31,7 +31,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import free_port, wait_for
-from tests.e2e.live import finite_values
+from tests.e2e.live import finite_range_values, finite_values
 from tests.engines.processes import ChildProcess, splitscope, vllm_python
 from tests.prom import running_prometheus
 from tracer import spans as s
@@ -41,15 +41,16 @@ from tracer.engines import vllm
 from tracer.explain.stalls import STALL_FLOOR_S
 from tracer.export.otel import to_readable_span
 from tracer.metrics import ENGINE_SCRAPE_UP, PREEMPTIONS, REQUESTS_FINISHED, STEP_TOKENS
+from tracer.otlp import Span, iter_spans
 from tracer.sidecar.server import Sidecar, SidecarConfig
-from tracer.traces import Span, iter_spans
 from tracer.vocabulary import Verdict
 
 MODEL = "tiny-llama"
 SHORT_REQUESTS, RATE_RPS, PROMPT_TOKENS, OUTPUT_TOKENS = 24, 6.0, 64, 16
-# After them, a few short prompts with long answers and one long prompt, whose prefill chunks stall their
-# decode (the explain test; _write_workload). The other tests count these among the requests.
-DECODING_REQUESTS, DECODING_OUTPUT_TOKENS, DECODING_AFTER_S = 3, 440, 0.5
+# After them, a few short prompts with long answers and, while they decode, one long prompt whose prefill
+# chunks stall their decode (the explain test; _write_workload). The other tests count these among the requests.
+DECODING_REQUESTS, DECODING_OUTPUT_TOKENS, DECODING_AFTER_S = 3, 1900, 0.5  # 64 + 1900 fits MAX_MODEL_LEN
+LONG_AFTER_S = 0.2  # after the decoding requests, which then decode for 4-6 s (2-3 ms a token on 2 cores)
 LONG_PROMPT_TOKENS = 1800
 MAX_MODEL_LEN = 2048  # tests/engines/tiny_llama.py SERVED_MAX_LEN
 BATCHED_TOKENS = 512  # vLLM's --max-num-batched-tokens: the long prompt prefills in four chunks
@@ -95,16 +96,18 @@ def _requests_done(vllm_url: str) -> float:
 
 def _write_workload(path: Path) -> None:
     """The load's schedule (`splitscope load --replay`): SHORT_REQUESTS short prompts, Poisson arrivals at
-    RATE_RPS; DECODING_AFTER_S after the last, DECODING_REQUESTS short prompts with long answers and,
-    behind them in the same instant, the long prompt. vLLM takes them in order into a step of at most
-    BATCHED_TOKENS: the short prompts whole, the long one's first chunk; its other chunks run in the next
-    steps, beside the short requests' first decode steps. All at once, because a client on a busy machine
-    sends late while vLLM computes (`lag_s` in its output): a prompt sent "while they decode" lands after."""
+    RATE_RPS; DECODING_AFTER_S after the last, DECODING_REQUESTS short prompts with long answers; LONG_AFTER_S
+    later, the long prompt, whose chunks (at most BATCHED_TOKENS a step) run beside their decode steps.
+    The long prompt has an arrival of its own: sent in the same instant it could reach vLLM first, and then
+    its chunks fill every step until its prefill is done and the short prompts wait behind it instead of
+    decoding beside it. The answers are long because a client can send seconds late while vLLM decodes
+    (`lag_s` in its output): on these 2-core VMs a process, ours or an unrelated sleeper, was seen frozen for
+    up to 2.8 s, using no CPU, while vLLM went on decoding; the long prompt must still land while they decode."""
     arrivals_s = np.cumsum(np.random.default_rng(17).exponential(1 / RATE_RPS, SHORT_REQUESTS))
     rows = [(float(a), PROMPT_TOKENS, OUTPUT_TOKENS) for a in arrivals_s]
     decoding_s = float(arrivals_s[-1]) + DECODING_AFTER_S
     rows += [(decoding_s, PROMPT_TOKENS, DECODING_OUTPUT_TOKENS)] * DECODING_REQUESTS
-    rows.append((decoding_s, LONG_PROMPT_TOKENS, OUTPUT_TOKENS))  # a replay keeps the order of equal arrivals
+    rows.append((decoding_s + LONG_AFTER_S, LONG_PROMPT_TOKENS, OUTPUT_TOKENS))
     path.write_text(
         "".join(json.dumps({"arrival_s": a, "prompt_tokens": n, "output_tokens": o}) + "\n" for a, n, o in rows)
     )
@@ -407,6 +410,9 @@ def _selectors(promql: str) -> list[str]:
 def test_dashboard_panels_fed_by_vllm_return_data_in_prometheus(stack: Stack) -> None:
     # A panel is fed by vLLM's data when every series selector it uses matches series Prometheus holds
     # (with the panel's own label matchers: a kv_transfer or disaggregated panel is not, on a colocated vLLM).
+    # It has data when, as Grafana draws it over a time range from the load's start, some step of its range
+    # query is finite: an instant query at the end misses a ratio whose two sides last moved more than a rate
+    # window apart (the steady short requests and, a minute later on a busy machine, the long answers).
     stack.prom.wait_for(f'{ENGINE_SCRAPE_UP}{{engine="vllm"}}', bool, timeout_s=30)
     fed = []
     for uid, title, expr in dashboard_queries():
@@ -416,9 +422,15 @@ def test_dashboard_panels_fed_by_vllm_return_data_in_prometheus(stack: Stack) ->
     fed_titles = {title for _, title, _ in fed}
     assert len(fed) >= 5, fed_titles  # TTFT, request duration, stage latency, tokens, queueing at least
     pending = set(fed)
+    start_unix_s = stack.load["started_unix_s"]
     deadline = time.monotonic() + PANEL_WAIT_S
     while pending and time.monotonic() < deadline:  # rates need two scrapes after the load
-        pending = {(uid, title, q) for uid, title, q in pending if not finite_values(stack.prom.query(q))}
+        now_unix_s = time.time()
+        pending = {
+            (uid, title, q)
+            for uid, title, q in pending
+            if not finite_range_values(stack.prom.query_range(q, start_unix_s, now_unix_s))
+        }
         if pending:
             time.sleep(0.5)  # poll interval: Prometheus scrapes every second
     assert sorted(pending) == [], "panels fed by vLLM's data without data"
