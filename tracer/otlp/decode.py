@@ -85,13 +85,20 @@ def parse_proto(record: bytes) -> Any:
         raise ValueError(f"not an OTLP protobuf TracesData message ({exc})") from None
 
 
-def span_from_proto(raw: Any, resource: dict[str, Any], *, events: bool = True) -> Span:
+def span_from_proto(raw: Any, resource: dict[str, Any], *, events: bool = True, checked_ids: bool = True) -> Span:
     """One opentelemetry-proto `Span` as the JSON reader reads the same span; `events` False leaves out its
-    events and links. Raises ValueError (bad ids)."""
+    events and links. With `checked_ids` raises ValueError for a bad id; without, passes the ids through as
+    hex of whatever bytes they hold (for a caller that never reads them)."""
+    if checked_ids:
+        trace_id = hex_from_bytes(raw.trace_id, TRACE_ID_BYTES, "traceId")
+        span_id = hex_from_bytes(raw.span_id, SPAN_ID_BYTES, "spanId")
+        parent = hex_from_bytes(raw.parent_span_id, SPAN_ID_BYTES, "parentSpanId") if raw.parent_span_id else ""
+    else:
+        trace_id, span_id, parent = raw.trace_id.hex(), raw.span_id.hex(), raw.parent_span_id.hex()
     return Span(
-        trace_id=hex_from_bytes(raw.trace_id, TRACE_ID_BYTES, "traceId"),
-        span_id=hex_from_bytes(raw.span_id, SPAN_ID_BYTES, "spanId"),
-        parent_span_id=hex_from_bytes(raw.parent_span_id, SPAN_ID_BYTES, "parentSpanId") if raw.parent_span_id else "",
+        trace_id=trace_id,
+        span_id=span_id,
+        parent_span_id=parent,
         name=raw.name,
         kind=raw.kind,
         start_ns=raw.start_time_unix_nano,
@@ -132,6 +139,27 @@ def spans_from_record(trace_format: TraceFormat, record: bytes) -> list[Span]:
     return list(spans_from_proto(record))
 
 
+def record_spans(
+    path: str | os.PathLike[str],
+    number: int,
+    trace_format: TraceFormat,
+    record: bytes,
+    *,
+    skip_bad: bool,
+    stats: ReadStats,
+) -> list[Span]:
+    """`spans_from_record`, counted in `stats`: a bad record raises TraceFileError naming `path` and its
+    record `number`, or with `skip_bad` is counted as skipped and gives no span. The one place both readers
+    (`iter_spans`, the report's) turn a record into spans the generic way."""
+    try:
+        batch = spans_from_record(trace_format, record)
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        record_error(TraceFileError(str(path), number, describe_error(exc)), skip_bad, stats)
+        return []
+    stats.spans += len(batch)
+    return batch
+
+
 def iter_spans(
     paths: Sequence[str | os.PathLike[str]],
     *,
@@ -150,10 +178,4 @@ def iter_spans(
     stats = stats if stats is not None else ReadStats()
     for path in paths:
         for trace_format, number, record in iter_counted_records(path, skip_bad=skip_bad, stats=stats, growing=growing):
-            try:
-                batch = spans_from_record(trace_format, record)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                record_error(TraceFileError(str(path), number, describe_error(exc)), skip_bad, stats)
-                continue
-            stats.spans += len(batch)
-            yield from batch
+            yield from record_spans(path, number, trace_format, record, skip_bad=skip_bad, stats=stats)

@@ -124,14 +124,19 @@ def _hex(value: str, length: int) -> str:
     return value.lower()
 
 
-def span_from_struct(raw: JsonSpan) -> Span:
-    """A decoded span, ids checked, without events and with an empty resource (neither is decoded).
-    Raises ValueError for an id the generic reader refuses (read the line again for its message)."""
+def _parent_id(value: str, checked: bool) -> str:
+    return _hex(value, _SPAN_ID_HEX) if checked and value else value
+
+
+def span_from_struct(raw: JsonSpan, *, checked_ids: bool = True) -> Span:
+    """A decoded span without events and with an empty resource (neither is decoded). With `checked_ids`
+    raises ValueError for an id the generic reader refuses (read the line again for its message); without,
+    passes the ids through as written (for a caller that never reads them)."""
     status = raw.status
     return Span(
-        trace_id=_hex(raw.traceId, _TRACE_ID_HEX),
-        span_id=_hex(raw.spanId, _SPAN_ID_HEX),
-        parent_span_id=_hex(raw.parentSpanId, _SPAN_ID_HEX) if raw.parentSpanId else "",
+        trace_id=_hex(raw.traceId, _TRACE_ID_HEX) if checked_ids else raw.traceId,
+        span_id=_hex(raw.spanId, _SPAN_ID_HEX) if checked_ids else raw.spanId,
+        parent_span_id=_parent_id(raw.parentSpanId, checked_ids),
         name=raw.name,
         kind=raw.kind,
         start_ns=raw.startTimeUnixNano,

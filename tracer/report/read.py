@@ -9,7 +9,7 @@ resource (the report reads neither) for `tracer.report.tables` to interpret.
 
 Each JSON line is decoded by the codec's typed decoder (`tracer.otlp.typed`: msgspec structs, with
 scopes, resources, links and events skipped). A line the structs refuse, or a non-step span whose ids are
-not hex, is read again whole by `tracer.otlp.decode.spans_from_record`, so a bad line fails with the
+not hex, is read again whole by `tracer.otlp.decode.record_spans`, so a bad line fails with the
 generic reader's message; a step span that lacks an attribute or carries one of another type is handed on as
 a `Span`, so `tracer.report.tables` names what is wrong with it. Protobuf records are read by
 `spans_from_record` into `Span`s (the opentelemetry-proto messages), steps included.
@@ -25,18 +25,16 @@ from array import array
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from tracer.otlp.decode import parse_proto, span_from_proto, spans_from_record
-from tracer.otlp.files import ReadStats, TraceFormat, describe_error, iter_counted_records, record_error
-from tracer.otlp.format import Span, TraceFileError
+from tracer.otlp.decode import parse_proto, record_spans, span_from_proto
+from tracer.otlp.files import ReadStats, TraceFormat, iter_counted_records
+from tracer.otlp.format import Span
 from tracer.otlp.typed import (
     TYPED_REFUSALS,
     JsonSpan,
     decode_request,
     span_from_struct,
-    struct_attributes,
     struct_number,
 )
-from tracer.otlp.values import proto_attributes
 from tracer.spans import (
     ATTR_POOL,
     ATTR_SAMPLE_WEIGHT,
@@ -214,37 +212,6 @@ _STEP_SLOTS = {
 }
 
 
-def _step_span(raw: JsonSpan) -> Span:
-    """A step span `StepColumns.append_json` refused, for the tables to read or name what is wrong; its
-    ids are not read by the report, so they are passed through unchecked."""
-    return Span(
-        trace_id=raw.traceId,
-        span_id=raw.spanId,
-        parent_span_id=raw.parentSpanId,
-        name=raw.name,
-        kind=raw.kind,
-        start_ns=raw.startTimeUnixNano,
-        end_ns=raw.endTimeUnixNano,
-        attributes=struct_attributes(raw.attributes),
-        resource={},
-    )
-
-
-def _proto_step_span(raw: Any) -> Span:
-    """`_step_span` for an opentelemetry-proto `Span`."""
-    return Span(
-        trace_id=raw.trace_id.hex(),
-        span_id=raw.span_id.hex(),
-        parent_span_id=raw.parent_span_id.hex(),
-        name=raw.name,
-        kind=raw.kind,
-        start_ns=raw.start_time_unix_nano,
-        end_ns=raw.end_time_unix_nano,
-        attributes=proto_attributes(raw.attributes),
-        resource={},
-    )
-
-
 def _typed_proto(record: bytes) -> list[Any]:
     """`_typed_line` for a protobuf record: step spans as opentelemetry-proto messages, the others as
     `Span`s. Raises ValueError for a record to be read the generic way (for its message)."""
@@ -291,13 +258,7 @@ def iter_report_spans(
             except TYPED_REFUSALS:
                 typed = None
             if typed is None:
-                try:
-                    generic = spans_from_record(trace_format, record)
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    record_error(TraceFileError(str(path), number, describe_error(exc)), skip_bad, stats)
-                    continue
-                stats.spans += len(generic)
-                yield from generic
+                yield from record_spans(path, number, trace_format, record, skip_bad=skip_bad, stats=stats)
                 continue
             stats.spans += len(typed)
             append = None if steps is None else steps.append_json if json else steps.append_proto
@@ -305,4 +266,10 @@ def iter_report_spans(
                 if isinstance(item, Span):
                     yield item
                 elif append is None or not append(item):
-                    yield _step_span(item) if json else _proto_step_span(item)
+                    # A step span the columns refused, for the tables to read or name what is wrong; the
+                    # report never reads a step's ids, so they are passed through unchecked.
+                    yield (
+                        span_from_struct(item, checked_ids=False)
+                        if json
+                        else span_from_proto(item, {}, events=False, checked_ids=False)
+                    )
