@@ -1,10 +1,12 @@
-"""Estimated stall links on the sidecar's decode spans for stock vLLM (tracer/sidecar/overlap.py, export.py).
+"""Estimated stall links on the sidecar's decode spans for stock vLLM and SGLang (tracer/sidecar/overlap.py,
+export.py).
 
 The independent oracle (tests/oracle) serves requests iteration by iteration and records which prompts
 each iteration prefilled (`Iteration.prefills`). Its requests reach the sidecar's own export thread
-(`SpanExport`, the real vLLM adapter, the OTLP/JSON file writer) as stock vLLM's `llm_request` spans, in
-the order an engine sends them (when each request finishes). The decode spans read back from the file
-must link exactly the prompts the oracle ran inside their decode, each with that iteration's time.
+(`SpanExport`, the real engine adapter, the OTLP/JSON file writer) as stock vLLM's `llm_request` spans, in
+the order an engine sends them (when each request finishes), or as SGLang's request slices (in the order
+they end; no token counts). The decode spans read back from the file must link exactly the prompts the
+oracle ran inside their decode, each with that iteration's time.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ from prometheus_client import CollectorRegistry
 
 from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Deployment, Run, serve
-from tests.oracle.traces import vllm_request_lines
+from tests.oracle.traces import sglang_slice_lines, vllm_request_lines
 from tracer import spans as s
 from tracer.engines import vllm
+from tracer.engines.adapter import EngineAdapter
+from tracer.engines.sglang import SglangAdapter
 from tracer.engines.vllm import VllmAdapter
 from tracer.export.local_sink import MetricsRecorder
-from tracer.metrics import OVERLAP_UNCLASSIFIED_COUNTER, Catalogue
+from tracer.metrics import DECODE_TPOT_HISTOGRAM, OVERLAP_UNCLASSIFIED_COUNTER, Catalogue
 from tracer.otlp import Span, iter_spans
 from tracer.sidecar.export import SpanExport
 from tracer.sidecar.ingest_queue import Batch, IngestQueue
@@ -47,7 +51,9 @@ def _request_spans(run: Run) -> list[s.SpanData]:
     return sorted(spans, key=lambda span: span.end_ns)
 
 
-def _export(tmp_path: Path, spans: list[s.SpanData], clock: FakeClock, **classifier: int) -> tuple[SpanExport, Path]:
+def _export(
+    tmp_path: Path, spans: list[s.SpanData], clock: FakeClock, adapter: EngineAdapter | None = None, **classifier: int
+) -> tuple[SpanExport, Path]:
     registry = CollectorRegistry()
     catalogue = Catalogue(registry, worker_gauges=False)
     traces = tmp_path / "traces.jsonl"
@@ -55,7 +61,7 @@ def _export(tmp_path: Path, spans: list[s.SpanData], clock: FakeClock, **classif
         IngestQueue(len(spans) + 1, lambda reason, n: None),
         MetricsRecorder(catalogue),
         traces_file=str(traces),
-        adapters=[(VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0"), True)],
+        adapters=[(adapter or VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0"), True)],
         overlap=OverlapClassifier(catalogue, hold_s=HOLD_S, clock_s=clock, **classifier),
     )
     export.registry = registry  # type: ignore[attr-defined]
@@ -144,6 +150,44 @@ def test_decode_spans_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path
             )
         assert decode.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] is True
     assert crowded < len(truth)
+
+
+def test_sglang_decode_slices_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path) -> None:
+    """SGLang's slices carry no token counts: the decode stage is linked all the same (overlap times, no
+    prompt size on the links) and, having no time per output token, is counted in no TPOT metric."""
+    case = CASES["bursty"]
+    sample = traffic(case, 120, seed=5)
+    run = serve(
+        Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
+    )
+    truth = _truth(run)
+    assert sum(bool(ran) for ran in truth.values()) > 10 and sum(not ran for ran in truth.values()) > 5
+    lines, index_of = sglang_slice_lines(run, 0)
+    spans = [span for line in lines for b in decode_json(line.encode()) for span in b.spans]
+    clock = FakeClock()
+    export, traces = _export(tmp_path, spans, clock, SglangAdapter(pool=Pool.COLOCATED, worker="sglang-0"))
+    for i in range(0, len(spans), 16):
+        export.queue.offer(Batch((("service.name", "sglang"),), spans[i : i + 16]))
+        export.drain_once(0.0)
+    clock.now_s += 2 * HOLD_S
+    export.drain_once(0.0)
+
+    written = list(iter_spans([traces]))
+    by_index = {index_of[x.trace_id]: x for x in written if x.name == s.SPAN_DECODE}
+    prefill_index = {x.span_id: index_of[x.trace_id] for x in written if x.name == s.SPAN_PREFILL}
+    assert set(by_index) >= set(truth)
+    for index, ran in truth.items():
+        decode = by_index[index]
+        assert decode.attributes[s.ATTR_DECODE_STALLED_ESTIMATED] is True
+        linked = {prefill_index[link.span_id]: link for link in decode.links}
+        assert set(linked) == set(ran), index
+        for p, link in linked.items():
+            assert link.attributes[s.ATTR_LINK_STALLED_NS] == pytest.approx(ran[p][0] * 1e9, abs=2_000)
+            assert s.ATTR_LINK_PREFILL_TOKENS not in link.attributes  # SGLang's slice did not say
+    tpot_count = export.registry.get_sample_value(
+        f"{DECODE_TPOT_HISTOGRAM}_count", {"pool": "colocated", "prefill_overlap": "true"}
+    )  # type: ignore[attr-defined]
+    assert not tpot_count
 
 
 def test_held_decodes_leave_at_shutdown_and_on_overflow_unlinked_but_never_lost(tmp_path: Path) -> None:

@@ -39,7 +39,10 @@ spans carry from its step records, here estimated from the windows alone (`estim
 A span's links are fixed when it is made, and a prefill that overlapped D usually arrives after D (its
 request still decodes when D's ends), so a decode span that is to carry them cannot leave before its
 classification: `add(stage, resource)` keeps the span itself, and `released()` hands it back, linked,
-once classified. The span is late by at most the hold (`hold_s` of the engine's timeline, or of wall
+once classified. A decode span without an output-token count (SGLang's `decode_forward` slice, vLLM's
+lifecycle `vllm_decode`) is held and linked the same way but counts in no metric: it has no TPOT to
+classify; a prefill without a prompt size (their prefill slices) links without `link.prefill_tokens`.
+The span is late by at most the hold (`hold_s` of the engine's timeline, or of wall
 clock while it is quiet); its metrics are not: the export meters it when it arrives. A decode dropped
 from a full hold is released unlinked; `flush()` (shutdown) classifies and releases every held one.
 
@@ -77,6 +80,7 @@ _GROUP_DECODES = 32  # decodes classified together: bounds the [decodes x prefil
 # reference server's pipeline bounds its stall links: tracer.pipeline.MAX_STALL_LINKS).
 MAX_STALL_LINKS = 32
 _NEVER_NS = 2**62  # a horizon past every end: flush() classifies whatever is held
+_UNKNOWN_TOKENS = -1  # a prefill span that gave no prompt size (counted as 0 tokens in the metrics)
 
 
 @dataclass
@@ -165,12 +169,15 @@ class OverlapClassifier:
 
     def _add_prefill(self, worker: _Worker, stage: s.SpanData) -> None:
         start, end, attrs = stage.start_ns, stage.end_ns, stage.attributes
-        tokens = _int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS))
+        if s.ATTR_PREFILL_TOKENS in attrs:
+            tokens = max(_int(attrs.get(s.ATTR_PREFILL_TOKENS)) - _int(attrs.get(s.ATTR_PREFILL_CACHED_TOKENS)), 0)
+        else:
+            tokens = _UNKNOWN_TOKENS  # SGLang's slices, vLLM's lifecycle spans: links then carry no token count
         # Usually a prefill starts after every classified decode ended (they wait out the hold first).
         if start < worker.classified_end_ns and self._overlaps_classified(worker, start, end):
             self._child(worker.pool).late_prefills.inc()  # it overlapped a decode classified without it
         serial = next(self._serials)
-        insort(worker.prefills, (start, end, tokens if tokens > 0 else 0, serial))
+        insort(worker.prefills, (start, end, tokens, serial))
         worker.prefill_ids[serial] = (stage.trace_id, stage.span_id)
         if end - start > worker.longest_prefill_ns:
             worker.longest_prefill_ns = end - start
@@ -181,8 +188,14 @@ class OverlapClassifier:
     def _hold_decode(self, worker: _Worker, stage: s.SpanData, resource: Any) -> bool:
         start, end = stage.start_ns, stage.end_ns
         steps = _int(stage.attributes.get(s.ATTR_OUTPUT_TOKENS)) - 1
-        if steps < 1 or end <= start:
-            return False  # no time per output token to judge
+        if end <= start:
+            return False
+        if steps < 1:
+            # No time per output token to judge (one token, or an engine whose decode span does not say:
+            # SGLang's slices, vLLM's lifecycle spans). Still linked when its span is held; metered never.
+            if resource is None:
+                return False
+            steps = 0
         serial = next(self._serials)
         worker.held.append((start, end, steps, serial))
         if resource is not None:
@@ -262,7 +275,7 @@ class OverlapClassifier:
         lo = _first_start_at_or_after(prefills, int(d0[0, 0]) - worker.longest_prefill_ns)
         hi = _first_start_at_or_after(prefills, int(d1.max()) - MIN_OVERLAP_NS)
         candidates = np.asarray(prefills[lo:hi], dtype=np.int64).reshape(-1, 4)
-        p0, p1, p_tokens = candidates[:, 0], candidates[:, 1], candidates[:, 2]
+        p0, p1, p_tokens = candidates[:, 0], candidates[:, 1], np.maximum(candidates[:, 2], 0)
         a = np.maximum(p0, d0)  # [decodes, candidates]: the part of each prefill inside each decode
         b = np.minimum(p1, d1)
         hit = (b - a) >= MIN_OVERLAP_NS
@@ -285,9 +298,10 @@ class OverlapClassifier:
         else:
             prefill_steps = prefill_ns = np.zeros(len(decodes), dtype=np.int64)
         decode_ns = (d1 - d0)[:, 0]
-        tpot_s = decode_ns / _NS / steps
-        overlapped = prefill_steps > 0
-        clean = ~overlapped
+        tpot_s = decode_ns / _NS / np.maximum(steps, 1)
+        metered = steps > 0  # decodes held only for their links (no output-token count) count nowhere
+        overlapped = metered & (prefill_steps > 0)
+        clean = metered & (prefill_steps == 0)
         m = self._child(worker.pool)
         m.tpot_true.observe_many(tpot_s[overlapped])
         m.tpot_false.observe_many(tpot_s[clean])
@@ -295,10 +309,10 @@ class OverlapClassifier:
         m.steps_false.inc(int(steps[clean].sum()))
         m.seconds_true.inc(float(decode_ns[overlapped].sum()) / _NS)
         m.seconds_false.inc(float(decode_ns[clean].sum()) / _NS)
-        m.prefill_tokens.inc(float(tokens.sum()))
+        m.prefill_tokens.inc(float(tokens[metered].sum()))
         if self.prefill_in_one_step:
-            m.prefill_steps.inc(int(np.minimum(prefill_steps, steps).sum()))
-            m.prefill_seconds.inc(float(prefill_ns.sum()) / _NS)
+            m.prefill_steps.inc(int(np.minimum(prefill_steps, steps)[metered].sum()))
+            m.prefill_seconds.inc(float(prefill_ns[metered].sum()) / _NS)
         if worker.held_spans:
             self._link_held(worker, decodes[:, 3], candidates, hit, b - a, prefill_ns)
 
@@ -338,8 +352,9 @@ class OverlapClassifier:
 
     def _link_tokens(self, tokens: int, overlap_ns: int, prefill: np.ndarray) -> int:
         """A linked prefill's tokens in the decode's steps: its whole uncached prompt where a prompt runs in
-        one step; under chunked prefill the part of its window inside the decode (its chunks spread evenly)."""
-        if self.prefill_in_one_step:
+        one step; under chunked prefill the part of its window inside the decode (its chunks spread evenly).
+        _UNKNOWN_TOKENS when its span gave no prompt size."""
+        if self.prefill_in_one_step or tokens == _UNKNOWN_TOKENS:
             return tokens
         return round(tokens * overlap_ns / max(int(prefill[1] - prefill[0]), 1))
 
@@ -413,18 +428,22 @@ def estimated_stall_links(
     span id), tokens): the longest overlap first, at most MAX_STALL_LINKS, and how many more there were.
     Each link: `splitscope.link.stalled_ns` the overlap (prompts batched into one step each get that step's
     whole time, so links can add up to more than the decode's `splitscope.decode.stalled_ns`, their
-    union), `splitscope.link.prefill_tokens`, `splitscope.link.estimated` true. The request's own
+    union), `splitscope.link.prefill_tokens` (left out when the prefill's span gave no prompt size),
+    `splitscope.link.estimated` true. The request's own
     prefill never links (it ends before its decode starts, up to the placement of two clocks)."""
     ranked = sorted((o for o in overlaps if o[1][0] != own_trace_id), key=lambda o: -o[0])
     links = [
-        (
-            trace_id,
-            span_id,
-            {s.ATTR_LINK_STALLED_NS: ns, s.ATTR_LINK_PREFILL_TOKENS: tokens, s.ATTR_LINK_ESTIMATED: True},
-        )
+        (trace_id, span_id, _link_attributes(ns, tokens))
         for ns, (trace_id, span_id), tokens in ranked[:MAX_STALL_LINKS]
     ]
     return links, max(0, len(ranked) - MAX_STALL_LINKS)
+
+
+def _link_attributes(stalled_ns: int, tokens: int) -> dict[str, Any]:
+    attrs: dict[str, Any] = {s.ATTR_LINK_STALLED_NS: stalled_ns, s.ATTR_LINK_ESTIMATED: True}
+    if tokens != _UNKNOWN_TOKENS:
+        attrs[s.ATTR_LINK_PREFILL_TOKENS] = tokens
+    return attrs
 
 
 def _union_ns(intervals: list[tuple[int, int]], from_ns: int, to_ns: int) -> int:
