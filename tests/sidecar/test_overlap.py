@@ -242,6 +242,42 @@ def test_a_held_decode_waits_for_its_hold_on_the_timeline_or_the_wall_clock() ->
     assert _value(registry, WORKER_BUSY_COUNTER, pool="colocated", worker="w") == pytest.approx(5.0)
 
 
+def test_a_decode_longer_than_the_hold_still_meets_the_prefills_inside_it() -> None:
+    """A long answer reaches the sidecar when it ends: the prefills that ran early in it arrived, and the
+    hold's horizon passed them, long before. They are kept (retain_s) and it is classified overlapped."""
+    registry = CollectorRegistry()
+    clock = FakeClock()
+    classifier = OverlapClassifier(Catalogue(registry, worker_gauges=False), hold_s=5.0, retain_s=60.0, clock_s=clock)
+    common = {s.ATTR_POOL: Pool.COLOCATED, s.ATTR_WORKER: "w"}
+
+    def stage(name: str, start_s: float, end_s: float, **attrs: int) -> s.SpanData:
+        return s.SpanData(
+            name=name,
+            kind=s.KIND_INTERNAL,
+            trace_id=int(start_s * 1000),
+            span_id=s.new_span_id(),
+            parent_span_id=0,
+            start_ns=int(start_s * 1e9),
+            end_ns=int(end_s * 1e9),
+            attributes={**common, **attrs},
+        )
+
+    classifier.add(stage(s.SPAN_PREFILL, 100.5, 100.6, **{s.ATTR_PREFILL_TOKENS: 1800}))  # inside the long decode
+    classifier.add(stage(s.SPAN_DECODE, 100.6, 101.0, **{s.ATTR_OUTPUT_TOKENS: 16}))  # the long prompt's own
+    for t in range(102, 120):  # short requests keep coming and are classified as the horizon moves on
+        classifier.add(stage(s.SPAN_PREFILL, t, t + 0.01, **{s.ATTR_PREFILL_TOKENS: 10}))
+        classifier.add(stage(s.SPAN_DECODE, t + 0.01, t + 0.2, **{s.ATTR_OUTPUT_TOKENS: 8}))
+        classifier.advance()
+    long_decode = stage(s.SPAN_DECODE, 100.0, 120.0, **{s.ATTR_OUTPUT_TOKENS: 4000})
+    assert classifier.add(long_decode, resource=("r",))
+    classifier.advance()  # the timeline stands at the long decode's end...
+    clock.now_s += 30.0  # ...and the engine goes quiet for longer than the hold
+    classifier.advance()
+    ((_, linked),) = [(r, span) for r, span in classifier.released() if span is long_decode]
+    assert int(100.5 * 1000) in {trace_id for trace_id, _, _ in linked.links}
+    assert linked.attributes[s.ATTR_DECODE_STALLED_NS] >= int(0.1e9) - 1
+
+
 def test_the_hold_is_bounded_and_overflow_is_counted() -> None:
     registry = CollectorRegistry()
     classifier = OverlapClassifier(

@@ -30,7 +30,8 @@ there, moving on with the wall clock while nothing arrives) is `hold_s` past D's
 arrives overlapping an already classified decode is counted in `..._late_prefills_total`, not guessed
 into it. At most `max_held` decodes wait per worker; past that the oldest is dropped and counted
 (`..._unclassified_requests_total`); the last `max_held` classified decodes are remembered to tell late
-prefills. Busy time is settled up to the same horizon; an interval arriving behind it adds only its part
+prefills. Prefills are kept `retain_s` (10 minutes) behind the hold's horizon, at most `max_prefills` per
+worker: a long answer arrives when it ends, long after the prefills that ran early in it. Busy time is settled up to the same horizon; an interval arriving behind it adds only its part
 after it.
 
 Stall links (docs/architecture.md section 4): the decode spans this classifier holds can come back with
@@ -68,6 +69,10 @@ from tracer.metrics import Catalogue
 DEFAULT_HOLD_S = 30.0  # longer than most decodes: the requests whose prefills overlap D finish by then
 DEFAULT_MAX_HELD = 65_536  # decodes waiting per worker
 DEFAULT_MAX_PREFILLS = 65_536  # prefill intervals kept per worker
+# How far back from the hold's horizon prefills are kept for decodes that have not arrived yet: a decode
+# reaches the sidecar when its request ends, and a long answer (thousands of tokens, on a busy engine)
+# started long before. Longer than any decode a latency SLO allows; max_prefills bounds the memory too.
+DEFAULT_RETAIN_S = 600.0
 # An overlap shorter than this is placement noise, not a shared step: the stages of an engine's request span
 # are placed from latencies measured on two clocks (front end, engine core) and rounded to ns, so a prefill
 # that ended in the step before a decode began can touch it by a few ns to a fraction of a millisecond. An
@@ -118,15 +123,19 @@ class OverlapClassifier:
         hold_s: float = DEFAULT_HOLD_S,
         max_held: int = DEFAULT_MAX_HELD,
         max_prefills: int = DEFAULT_MAX_PREFILLS,
+        retain_s: float = DEFAULT_RETAIN_S,
         prefill_in_one_step: bool = True,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         """`prefill_in_one_step=False` (a chunked-prefill engine: one prefill window spans several steps):
-        decodes are still classified and timed, but their prefill-carrying steps are not estimated."""
-        if hold_s <= 0 or max_held < 1 or max_prefills < 1:
-            raise ValueError("hold_s must be > 0, max_held and max_prefills >= 1")
+        decodes are still classified and timed, but their prefill-carrying steps are not estimated.
+        `retain_s`: prefills are kept this long behind the hold's horizon for decodes still running (at
+        most `max_prefills` of them); a decode that started earlier misses the prefills before that."""
+        if hold_s <= 0 or max_held < 1 or max_prefills < 1 or retain_s < 0:
+            raise ValueError("hold_s must be > 0, max_held and max_prefills >= 1, retain_s >= 0")
         self.catalogue = catalogue
         self.hold_ns = int(hold_s * _NS)
+        self.retain_ns = int(retain_s * _NS)
         self.max_held = max_held
         self.max_prefills = max_prefills
         self._clock_s = clock_s
@@ -252,8 +261,9 @@ class OverlapClassifier:
             worker.longest_decode_ns = max(worker.longest_decode_ns, d1 - d0)
             worker.classified_end_ns = max(worker.classified_end_ns, d1)
         # Forget what no held or future decode can overlap: prefills that ended before the oldest decode
-        # still held (or the horizon), classified decodes a hold before the horizon.
-        oldest = min((d[0] for d in worker.held), default=horizon_ns)
+        # still held and before the retention window behind the horizon (a decode still running, to arrive
+        # when its request ends, may have started long ago), classified decodes a hold before the horizon.
+        oldest = min(min((d[0] for d in worker.held), default=horizon_ns), horizon_ns - self.retain_ns)
         prefills = worker.prefills
         keep_from = _first_start_at_or_after(prefills, oldest - worker.longest_prefill_ns)
         if keep_from:
