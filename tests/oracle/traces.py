@@ -4,8 +4,8 @@
   queue / prefill / kv_transfer(.send) / decode children, and a `splitscope.step` span per iteration;
   optionally the decode span's stall events and its links to the prefills that ran in its stalled
   steps, from the oracle's own knowledge of which prompts each iteration ran (`Iteration.prefills`).
-- `sglang_slice_lines`: what SGLang's request tracing emits (a root, a thread, stage slices with times
-  only), for a colocated node.
+- `stage_span_lines`: what SGLang's request tracing or vLLM's proposed lifecycle spans emit (a span per
+  stage, with times only), for a colocated node.
 - `vllm_request_lines`: what stock vLLM emits, one `llm_request` SERVER span per request with its
   latency attributes and token counts and nothing else (no steps, no inter-token figures); the tests
   send these through a real sidecar per engine, which adds our stage spans; `vllm_pd_lines`: the same
@@ -385,11 +385,19 @@ def vllm_request_lines(run: Run, worker: int, seed: int = 0) -> list[str]:
     return list(_batched("vllm", spans))
 
 
-def sglang_slice_lines(run: Run, worker: int, seed: int = 0) -> tuple[list[str], dict[str, int]]:
-    """Worker `worker`'s requests as SGLang traces them (a colocated node, trace level 1): a request root
-    span, a scheduler thread span under it, and under that the slices `prefill_waiting`, `prefill_forward`
-    and `decode_forward` (SGLang's `RequestStage` names; no token counts on any of them). Spans in the
-    order they end, as SGLang's exporter sends them. Returns (lines, trace id -> request index)."""
+# An engine's per-stage spans with times only (no token counts): (queue, prefill, decode) span names.
+SGLANG_SLICES = ("prefill_waiting", "prefill_forward", "decode_forward")  # SGLang's RequestStage names
+VLLM_LIFECYCLE = ("vllm_queue", "vllm_prefill", "vllm_decode")  # vLLM's proposed lifecycle spans
+
+
+def stage_span_lines(
+    run: Run, worker: int, names: tuple[str, str, str], seed: int = 0
+) -> tuple[list[str], dict[str, int]]:
+    """Worker `worker`'s requests as an engine that traces each stage with times only (a colocated node):
+    SGLang (trace level 1: a request root span, a scheduler thread span under it, the stage slices under
+    that; `names` SGLANG_SLICES) or vLLM's proposed lifecycle spans (VLLM_LIFECYCLE, under the request's
+    span; the same shape here). Spans in the order they end, as the engines' exporters send them.
+    Returns (lines, trace id -> request index)."""
     assert run.deployment.kind == "colocated"
     ids = _Ids(seed * 1000 + worker + 500)
     spans: list[dict[str, Any]] = []
@@ -401,14 +409,15 @@ def sglang_slice_lines(run: Run, worker: int, seed: int = 0) -> tuple[list[str],
         index_of[trace] = r.index
         spans.append(_span(trace, root, "", "Req colocated", v.KIND_INTERNAL, r.arrival_s, r.end_s, {}))
         spans.append(_span(trace, thread, root, "Scheduler [TP 0]", v.KIND_INTERNAL, r.arrival_s, r.end_s, {}))
+        queue, prefill, decode = names
         for name, start_s, end_s in (
-            ("prefill_waiting", r.arrival_s, r.prefill_start_s),
-            ("prefill_forward", r.prefill_start_s, r.prefill_end_s),
-            ("decode_forward", r.first_token_s, r.end_s),
+            (queue, r.arrival_s, r.prefill_start_s),
+            (prefill, r.prefill_start_s, r.prefill_end_s),
+            (decode, r.first_token_s, r.end_s),
         ):
             spans.append(_span(trace, ids.span(), thread, name, v.KIND_INTERNAL, start_s, end_s, {}))
     spans.sort(key=lambda span: int(span["endTimeUnixNano"]))
-    return list(_batched("sglang", spans)), index_of
+    return list(_batched("engine", spans)), index_of
 
 
 def vllm_pd_lines(run: Run, seed: int = 0) -> dict[tuple[str, int], list[str]]:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.oracle.cases import CASES, traffic
 from tests.oracle.engine import Deployment, Run, serve
-from tests.oracle.traces import sglang_slice_lines, vllm_request_lines
+from tests.oracle.traces import SGLANG_SLICES, VLLM_LIFECYCLE, stage_span_lines, vllm_request_lines
 from tracer import spans as s
 from tracer.engines import vllm
 from tracer.engines.adapter import EngineAdapter
@@ -152,9 +152,13 @@ def test_decode_spans_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path
     assert crowded < len(truth)
 
 
-def test_sglang_decode_slices_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path) -> None:
-    """SGLang's slices carry no token counts: the decode stage is linked all the same (overlap times, no
-    prompt size on the links) and, having no time per output token, is counted in no TPOT metric."""
+@pytest.mark.parametrize("engine", ["sglang", "vllm-lifecycle"])
+def test_decode_stages_without_token_counts_link_the_prompts_the_oracle_ran_inside_them(
+    tmp_path: Path, engine: str
+) -> None:
+    """SGLang's slices and vLLM's lifecycle spans carry no token counts: the decode stage is linked all the
+    same (overlap times, no prompt size on the links) and, having no time per output token, is counted in
+    no TPOT metric."""
     case = CASES["bursty"]
     sample = traffic(case, 120, seed=5)
     run = serve(
@@ -162,12 +166,16 @@ def test_sglang_decode_slices_link_the_prompts_the_oracle_ran_inside_them(tmp_pa
     )
     truth = _truth(run)
     assert sum(bool(ran) for ran in truth.values()) > 10 and sum(not ran for ran in truth.values()) > 5
-    lines, index_of = sglang_slice_lines(run, 0)
+    names, adapter = {
+        "sglang": (SGLANG_SLICES, SglangAdapter(pool=Pool.COLOCATED, worker="sglang-0")),
+        "vllm-lifecycle": (VLLM_LIFECYCLE, VllmAdapter(pool=Pool.COLOCATED, worker="vllm-0")),
+    }[engine]
+    lines, index_of = stage_span_lines(run, 0, names)
     spans = [span for line in lines for b in decode_json(line.encode()) for span in b.spans]
     clock = FakeClock()
-    export, traces = _export(tmp_path, spans, clock, SglangAdapter(pool=Pool.COLOCATED, worker="sglang-0"))
+    export, traces = _export(tmp_path, spans, clock, adapter)
     for i in range(0, len(spans), 16):
-        export.queue.offer(Batch((("service.name", "sglang"),), spans[i : i + 16]))
+        export.queue.offer(Batch((("service.name", engine),), spans[i : i + 16]))
         export.drain_once(0.0)
     clock.now_s += 2 * HOLD_S
     export.drain_once(0.0)
@@ -183,7 +191,7 @@ def test_sglang_decode_slices_link_the_prompts_the_oracle_ran_inside_them(tmp_pa
         assert set(linked) == set(ran), index
         for p, link in linked.items():
             assert link.attributes[s.ATTR_LINK_STALLED_NS] == pytest.approx(ran[p][0] * 1e9, abs=2_000)
-            assert s.ATTR_LINK_PREFILL_TOKENS not in link.attributes  # SGLang's slice did not say
+            assert s.ATTR_LINK_PREFILL_TOKENS not in link.attributes  # the engine's prefill span did not say
     tpot_count = export.registry.get_sample_value(
         f"{DECODE_TPOT_HISTOGRAM}_count", {"pool": "colocated", "prefill_overlap": "true"}
     )  # type: ignore[attr-defined]
