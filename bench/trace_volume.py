@@ -9,7 +9,9 @@ sidecar's tail sampler (tracer/sidecar/tail_sampler.py, `--keep-violations --sam
 default run's spans: once as they are (the run's own SLO violators kept whole), once as if every request
 had met its SLOs (the steady state). Bytes per request = the bytes of the kept spans, encoded as the
 exporters send them (one ExportTraceServiceRequest per exported batch, as in the file), over all the
-run's requests. Also prints the report's verdict on each run's traces (full and sampled steps).
+run's requests. Also prints the report's verdict on each run's traces (full and sampled steps), and on
+the first run's step spans thinned by the exporter's rule (tests/report/sampled_traces.py): the same
+requests and steps, only sampled, so that verdict must equal the first one.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -25,16 +28,21 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
 
-from reference_server.launch.demo import LAYOUTS, DemoWorkload, _kv_bytes_per_token, _load_config
-from reference_server.launch.process import ServerProcess
-from reference_server.launch.serve import ServeConfig
-from tracer import spans as s
-from tracer.load import run_load_sync
-from tracer.report.build import ReportOptions, build_report
-from tracer.report.render import headline
-from tracer.report.simulate import SLO
-from tracer.sidecar.tail_sampler import TailSampler
-from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY
+# The step sampling of a written file lives with the tests (tests/report/sampled_traces.py): `python
+# bench/trace_volume.py` from the repo root puts bench/ first on the path, so the root is added for it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reference_server.launch.demo import LAYOUTS, DemoWorkload, _kv_bytes_per_token, _load_config  # noqa: E402
+from reference_server.launch.process import ServerProcess  # noqa: E402
+from reference_server.launch.serve import ServeConfig  # noqa: E402
+from tests.report.sampled_traces import sample_step_spans  # noqa: E402
+from tracer import spans as s  # noqa: E402
+from tracer.load import run_load_sync  # noqa: E402
+from tracer.report.build import ReportOptions, build_report  # noqa: E402
+from tracer.report.render import headline  # noqa: E402
+from tracer.report.simulate import SLO  # noqa: E402
+from tracer.sidecar.tail_sampler import TailSampler  # noqa: E402
+from tracer.step_sampling import DEFAULT_DECODE_SAMPLE_EVERY  # noqa: E402
 
 TARGET_BYTES_PER_REQUEST = 2048
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")
@@ -195,8 +203,17 @@ def main() -> None:
         f"\nsteady state: {steady['protobuf_per_request']:,.0f} B/request OTLP protobuf, "
         f"{steady['json_per_request']:,.0f} B/request OTLP/JSON (target {TARGET_BYTES_PER_REQUEST} B)"
     )
+    # The same run's step spans thinned by the exporter's own rule (weighted): the one comparison where
+    # only sampling differs, so the verdicts must agree; the second run's differs in its noise too.
+    thinned = folder / f"{args.layout}-step1-sampled.jsonl"
+    seen, kept = sample_step_spans(full, thinned)
+    print(f"\nthe first run's {seen} step spans sampled as a worker would: {kept} kept (weighted)")
     options = ReportOptions(slo, kv_bytes_per_token=_kv_bytes_per_token(args.preset), max_batch=ServeConfig.max_batch)
-    for label, path in (("every step span", full), ("sampled step spans", sampled)):
+    for label, path in (
+        ("every step span (first run)", full),
+        ("the first run's step spans, sampled", thinned),
+        (f"the second run (served with steps 1 in {DEFAULT_DECODE_SAMPLE_EVERY})", sampled),
+    ):
         print(f"report on {label}: {headline(build_report([path], options))}")
 
 
