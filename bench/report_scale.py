@@ -30,7 +30,7 @@ import orjson
 # the repo root puts bench/ first on the path, so the root is added for it.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.synthetic import ground_truth_costs, synthetic_workload, write_traces  # noqa: E402
+from tests.synthetic import SYNTHETIC_ROUTER, ground_truth_costs, synthetic_workload, write_traces  # noqa: E402
 from tracer.report.simulate import Layout  # noqa: E402
 
 _SPANS_PER_REQUEST = 55  # colocated x4, prompts 800-1600, outputs 50-150 at 6 req/s: about 51 steps per request
@@ -50,7 +50,7 @@ from tracer.report.simulate import SLO
 started, started_cpu = time.perf_counter(), time.process_time()
 data = load_traces([sys.argv[1]])
 loaded, loaded_cpu = time.perf_counter(), time.process_time()
-report = report_from_data(data, ReportOptions(SLO(1.0, 0.1)))
+report = report_from_data(data, ReportOptions(SLO(1.0, 0.1), router=sys.argv[3]))
 decided = time.perf_counter()
 rendered_json = json.loads(render(report, "json"))
 rendered = time.perf_counter()
@@ -59,6 +59,7 @@ print(json.dumps({
     "load_s": loaded - started, "load_cpu_s": loaded_cpu - started_cpu, "decide_s": decided - loaded, "render_json_s": rendered - decided,
     "total_s": rendered - started, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     "verdict": headline(report), "goodput": rendered_json["goodput"],
+    "confidence": rendered_json.get("confidence"), "confidence_resamples": rendered_json.get("confidence_resamples"),
 }))
 """
 
@@ -86,7 +87,9 @@ def main() -> None:
     print(
         f"file: {path.stat().st_size / 2**20:.0f} MiB, {figures['spans']} spans ({figures['requests']} requests, {figures['steps']} steps)"
     )
-    print(f"verdict: {figures['verdict']}")
+    print(
+        f"verdict: {figures['verdict']}; confidence {figures['confidence']} ({figures['confidence_resamples']} resamples)"
+    )
     print(
         f"total {figures['total_s']:.1f} s (target 15 s: {figures['total_s'] / 15:.2f}x of budget); "
         f"peak RSS {figures['peak_rss_bytes'] / 2**30:.2f} GiB (target 1 GiB: {figures['peak_rss_bytes'] / 2**30:.2f}x)"
@@ -172,7 +175,9 @@ def _set_attributes(proto, attributes: list) -> None:  # type: ignore[no-untyped
 
 def _child(path: Path, reader: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), reader],
+        # The report simulates the router the traces were written under (tests.synthetic's), as a user
+        # passes --router: with the default (least-outstanding) its model check misses and it refuses.
+        [sys.executable, "-c", _CHILD, str(path), reader, SYNTHETIC_ROUTER],
         capture_output=True,
         text=True,
         check=True,
