@@ -193,9 +193,23 @@ def test_misses_far_below_the_objective_leave_the_verdict_and_are_stated(scenari
     assert "misses-do-not-matter: 2 model-check misses, 0 able to change the verdict" in render(report, "md")
 
 
-def test_a_correction_that_flips_the_decision_refuses_and_names_the_flip(scenario_traces, tmp_path):
-    # long-prompts: gaps near the 100 ms objective; twice them asks for a smaller chunk budget.
+def test_a_correction_that_moves_the_chunk_budget_answers_with_the_corrected_budget(scenario_traces, tmp_path):
+    # long-prompts: gaps near the 100 ms objective; twice them asks for a smaller chunk budget. Chunked
+    # prefill both times: the same decision at another setting, answered with the corrected budget.
+    plain = build_report([scenario_traces("long-prompts")[1]], quick_options(scenario_traces("long-prompts")[0]))
     report = _report_on_scaled(scenario_traces, tmp_path, "long-prompts", 2.0)
+    assert plain.verdict == report.verdict == Verdict.ENABLE_CHUNKED_PREFILL, report.evidence
+    assert report.chunk_budget_tokens < plain.chunk_budget_tokens  # the measured gaps are twice the model's
+    self_check = report.self_check
+    assert self_check["outcome"] == Outcome.CORRECTED_SAME_VERDICT
+    assert self_check["correction"]["itl_factor"] == pytest.approx(2.0, rel=0.1)
+    assert any(line.startswith("the correction moves the token budget") for line in report.evidence), report.evidence
+    assert report.unconfirmed is None
+
+
+def test_a_correction_that_flips_the_decision_refuses_and_names_the_flip(scenario_traces, tmp_path):
+    # strict-itl: twice the gaps make the corrected model ask for another split ratio: another deployment.
+    report = _report_on_scaled(scenario_traces, tmp_path, "strict-itl", 2.0)
     assert report.verdict == Verdict.INSUFFICIENT_DATA
     self_check = report.self_check
     assert self_check["outcome"] == Outcome.REFUSED_FLIPS
@@ -203,7 +217,8 @@ def test_a_correction_that_flips_the_decision_refuses_and_names_the_flip(scenari
     assert self_check["corrected_verdict"] and self_check["corrected_verdict"] != report.unconfirmed
     flip = f"the correction flips the verdict: {report.unconfirmed} -> {self_check['corrected_verdict']}"
     assert flip in report.evidence, report.evidence
-    assert report.unconfirmed == "enable-chunked-prefill (token budget 512)"  # the uncorrected answer, as before
+    # A split both times, at another ratio: the guess and the corrected decision name different pools.
+    assert report.unconfirmed.startswith("split ") and self_check["corrected_verdict"].startswith("split ")
     assert any(line.startswith("unconfirmed best guess") for line in report.evidence)
 
 

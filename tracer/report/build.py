@@ -432,10 +432,12 @@ def _corrected_report(found: _Findings, run: _Run, check: dict[str, float], judg
     corrected = run.at(correction.slo(run.slo))
     said = prose.decision_headline(corrected.final)
     correction_line = prose.correction_line(correction, run.slo, corrected.slo)
-    if corrected.final.verdict != Verdict.INSUFFICIENT_DATA and corrected.final.key == run.final.key:
+    if corrected.final.verdict != Verdict.INSUFFICIENT_DATA and _same_decision(run.final, corrected.final):
         self_check = _self_check(judgement, selfcheck.Outcome.CORRECTED_SAME_VERDICT, correction, said)
         found.evidence += judgement.mattering + judgement.harmless + [correction_line]
         found.evidence.append(prose.corrected_agrees_line(said, corrected.final.reasons))
+        if corrected.final.key != run.final.key:
+            found.evidence.append(prose.budget_moved_line(guess, said))
         confidence = _lower_confidence(_confidence(run), _confidence(corrected))
         if confidence is not None:
             found.evidence.append(prose.confidence_line(confidence) + prose.LOWER_OF_BOOTSTRAPS)
@@ -448,6 +450,16 @@ def _corrected_report(found: _Findings, run: _Run, check: dict[str, float], judg
     self_check = _self_check(judgement, outcome, correction, said)
     reasons = judgement.mattering + [correction_line, why, unconfirmed]
     return _refuse(found, run, check, reasons, guess, self_check)
+
+
+def _same_decision(first: Decision, corrected: Decision) -> bool:
+    """Whether the corrected decision is the same one: the same key, or chunked prefill both times at
+    another token budget. A budget is a scheduler setting of the same layout, and the corrected model's
+    is the one that meets the objective as measured, so the report answers with it (and says it moved);
+    another split ratio is another deployment, and stays a flip."""
+    if corrected.key == first.key:
+        return True
+    return first.verdict == corrected.verdict == Verdict.ENABLE_CHUNKED_PREFILL and first.ratio == corrected.ratio
 
 
 def _margin_erased(run: _Run, corrected: _Run) -> bool:

@@ -312,6 +312,10 @@ def corrected_agrees_line(said: str, reasons: list[str]) -> str:
     return f"the corrected decision agrees: {said} ({'; '.join(reasons)})"
 
 
+def budget_moved_line(guess: str, said: str) -> str:
+    return f"the correction moves the token budget and keeps the verdict: {guess} -> {said}"
+
+
 def margin_erased_line(guess: str, said: str, margin: float) -> str:
     return (
         f"the correction erases its margin: {guess} still ranks first, by less than the "
