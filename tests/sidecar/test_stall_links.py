@@ -99,13 +99,18 @@ def _read(traces: Path) -> tuple[dict[int, Span], dict[str, int], dict[str, int]
     return decodes, prefills, index_of
 
 
-def test_decode_spans_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path) -> None:
+def _bursty_run(n_requests: int) -> tuple[Run, dict[int, dict[int, tuple[float, int]]]]:
+    """The oracle's bursty case served colocated on one worker at 1.5 req/s, and its truth (`_truth`)."""
     case = CASES["bursty"]
-    sample = traffic(case, 200, seed=5)
+    sample = traffic(case, n_requests, seed=5)
     run = serve(
         Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
     )
-    truth = _truth(run)
+    return run, _truth(run)
+
+
+def test_decode_spans_link_the_prompts_the_oracle_ran_inside_them(tmp_path: Path) -> None:
+    run, truth = _bursty_run(200)
     assert sum(bool(ran) for ran in truth.values()) > 20 and sum(not ran for ran in truth.values()) > 5
 
     spans = _request_spans(run)
@@ -159,12 +164,7 @@ def test_decode_stages_without_token_counts_link_the_prompts_the_oracle_ran_insi
     """SGLang's slices and vLLM's lifecycle spans carry no token counts: the decode stage is linked all the
     same (overlap times, no prompt size on the links) and, having no time per output token, is counted in
     no TPOT metric."""
-    case = CASES["bursty"]
-    sample = traffic(case, 120, seed=5)
-    run = serve(
-        Deployment("colocated", workers=1), sample.at(1.5), sample.prompt_tokens, sample.output_tokens, case.physics
-    )
-    truth = _truth(run)
+    run, truth = _bursty_run(120)
     assert sum(bool(ran) for ran in truth.values()) > 10 and sum(not ran for ran in truth.values()) > 5
     names, adapter = {
         "sglang": (SGLANG_SLICES, SglangAdapter(pool=Pool.COLOCATED, worker="sglang-0")),
