@@ -31,8 +31,8 @@ arrives overlapping an already classified decode is counted in `..._late_prefill
 into it. At most `max_held` decodes wait per worker; past that the oldest is dropped and counted
 (`..._unclassified_requests_total`); the last `max_held` classified decodes are remembered to tell late
 prefills. Prefills are kept `retain_s` (10 minutes) behind the hold's horizon, at most `max_prefills` per
-worker: a long answer arrives when it ends, long after the prefills that ran early in it. Busy time is settled up to the same horizon; an interval arriving behind it adds only its part
-after it.
+worker: a long answer arrives when it ends, long after the prefills that ran early in it. Busy time is
+settled up to the same horizon; an interval arriving behind it adds only its part after it.
 
 Stall links (docs/architecture.md section 4): the decode spans this classifier holds can come back with
 OpenTelemetry span links to the prefill spans that overlapped them, what the reference server's decode
