@@ -72,6 +72,7 @@ SLOW_PATHS = (
     "tests/report/test_simulator_vs_server.py",
     "tests/explain/test_reference_server.py",
     "tests/advise/test_follow_live.py",  # a real server and the advisor as processes, a Prometheus
+    "tests/advise/test_follow_synthetic.py",  # the advisor as a process, a Prometheus
 )
 # Slow tests that time nothing of this machine's: the wheel, and the oracle's own timings replayed into
 # sidecars and Prometheus (its ratios and alerts come from the replayed data, however late it arrives).
@@ -87,6 +88,7 @@ UNTIMED_SLOW_PATHS = (
     "tests/explain/test_reference_server.py",  # asserts causes and sums, whatever the stall took here
     "tests/faults/test_decode_worker_dies_mid_transfer.py",  # signals order the race; the deadline is 30 s
     "tests/reference_server/test_demo.py",  # a ratio of two step kinds of the same run, both slowed alike
+    "tests/advise/test_follow_synthetic.py",  # synthetic spans carry their own times; every wait is on output
     *SERVER_PATHS,
 )
 

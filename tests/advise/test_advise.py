@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.synthetic import EPOCH_NS, SYNTHETIC_ROUTER, scenario, write_traces
 from tracer.advise import hold as hysteresis
-from tracer.advise.build import CARRIED_FITS, DECIDED, advise_files
+from tracer.advise.build import CARRIED_FITS, DECIDED, advise_files, hold_advice
 from tracer.advise.render import ADVICE_FIELDS, WINDOW_FIELDS, render, to_json
 from tracer.cli.main import main
 from tracer.report.build import ReportOptions
@@ -141,12 +141,13 @@ def test_the_json_of_a_change_names_the_budget_and_no_ratio(change):
     [
         (["--window", "soon", "--slo-ttft", "1", "--slo-itl", "0.1"], "'soon' is not a positive duration"),
         (["--window", "0s", "--slo-ttft", "1", "--slo-itl", "0.1"], "not a positive duration"),
-        (["--window", "5m", "--slo-ttft", "1", "--slo-itl", "0.1"], "Missing argument 'TRACES...'"),
+        (["--window", "5m", "--slo-ttft", "1", "--slo-itl", "0.1"], "give TRACES (trace files) or"),
+        (["--window", "5m", "--slo-ttft", "1", "--slo-itl", "0.1", "--otlp-port", "0"], "it needs --follow"),
         (["--window", "5m", "--slo-ttft", "1", "--slo-itl", "0.1", "--hold", "0"], "--hold"),
     ],
 )
 def test_bad_input_is_one_clear_error_and_a_non_zero_exit(traces, args, words):
-    if "Missing argument" not in words:
+    if "give TRACES" not in words and "--otlp-port" not in args:
         args = [str(traces[0]), *args]
     result = _cli(*args)
     assert result.exit_code != 0
@@ -180,4 +181,28 @@ def test_traces_without_requests_are_one_clear_error(tmp_path):
 )
 def test_hysteresis(votes, n, expected):
     held = hysteresis.hold(votes, n)
+    assert (held.key, held.since_ns, held.reason) == expected
+
+
+STAY, CHUNK_64, CHUNK_128 = ("stay-colocated", None, None), ("chunk", None, 64), ("chunk", None, 128)
+SPLIT_1_1, SPLIT_2_1 = ("split", "1:1", None), ("split", "2:1", None)
+
+
+@pytest.mark.parametrize(
+    "votes, expected",
+    [
+        # A layout change whose windows disagree on the budget still wins, with the last window's budget.
+        ([STAY, CHUNK_64, CHUNK_128], (CHUNK_128, 1, "changed")),
+        ([STAY, CHUNK_64, None, CHUNK_128], (CHUNK_128, 1, "changed")),
+        ([STAY, CHUNK_64, STAY, CHUNK_128], (STAY, 0, "held")),
+        # Another budget for the held layout is a change of its own: it needs the hold at that budget.
+        ([CHUNK_64, CHUNK_128], (CHUNK_64, 0, "held")),
+        ([CHUNK_64, CHUNK_128, CHUNK_128], (CHUNK_128, 1, "changed")),
+        ([STAY, CHUNK_64, CHUNK_64, CHUNK_128, CHUNK_64], (CHUNK_64, 1, "held")),
+        # A split ratio is the layout itself, not a tuning.
+        ([STAY, SPLIT_1_1, SPLIT_2_1], (STAY, 0, "held")),
+    ],
+)
+def test_hysteresis_takes_a_chunk_budget_as_a_tuning_of_its_layout(votes, expected):
+    held = hold_advice([(vote, i) for i, vote in enumerate(votes)], 2)
     assert (held.key, held.since_ns, held.reason) == expected

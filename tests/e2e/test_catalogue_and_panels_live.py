@@ -56,7 +56,7 @@ RARE_DATA = {
 # our own workers, whose step timing those panels stand in for (tests/e2e/test_request_interference_live.py).
 REQUEST_LEVEL_ONLY = {(interference.UID, title) for title in interference.REQUEST_PANELS}
 # Fed by the advisor (`splitscope advise --metrics-port`), a process of its own that this stack does not
-# run: tests/advise/test_follow_live.py runs these panels' queries against its own Prometheus scraping one
+# run: tests/advise/test_follow_synthetic.py runs these panels' queries against its own Prometheus scraping one
 # (all but the confidence target, absent while the advisor's bootstrap is off; tests/advise/test_exposition.py).
 ADVISOR_ONLY = {(overview.UID, title) for title in advice.PANELS}
 # Only while the components report no GPU telemetry (splitscope_gpu_telemetry_up 0, e.g. a CPU machine);

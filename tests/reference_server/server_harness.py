@@ -80,10 +80,14 @@ def pid_alive(pid: int) -> bool:
 
 
 class Server:
-    """`splitscope serve --preset tiny ...` as a child process, on free ports, writing a traces file."""
+    """`splitscope serve --preset PRESET ...` (default tiny) as a child process, on free ports, writing a traces file."""
 
-    def __init__(self, tmp_dir: Path, *serve_args: str, env: dict[str, str] | None = None) -> None:
-        """Start the server and wait until it answers /health; `env`: the children's environment (default ours)."""
+    def __init__(
+        self, tmp_dir: Path, *serve_args: str, env: dict[str, str] | None = None, preset: str = "tiny"
+    ) -> None:
+        """Start the server and wait until it answers /health; `env`: the children's environment (default ours);
+        `preset`: the model (also the name it serves under)."""
+        self.preset = preset
         self.traces_file = tmp_dir / "traces.jsonl"
         self.log_file = tmp_dir / "serve.log"
         command = [
@@ -92,7 +96,7 @@ class Server:
             "from tracer.cli.main import main; main()",
             "serve",
             "--preset",
-            "tiny",
+            preset,
             "--port",
             "0",
             "--metrics-port",
@@ -138,7 +142,7 @@ class Server:
         return json.loads(body)
 
     def complete(self, body: dict, **kwargs: Any) -> tuple[int, bytes, dict[str, str]]:
-        return http("POST", self.url + "/v1/completions", {"model": "tiny", **body}, **kwargs)
+        return http("POST", self.url + "/v1/completions", {"model": self.preset, **body}, **kwargs)
 
     def spans(self) -> list[Span]:
         return list(iter_spans([self.traces_file], growing=True)) if self.traces_file.exists() else []

@@ -27,6 +27,16 @@ INSUFFICIENT_DATA = "insufficient_data"  # no verdict: too few requests even mer
 AdviceKey = tuple[str, str | None, int | None]  # verdict, ratio, chunk budget
 
 
+def advice_layout(key: AdviceKey) -> tuple[str, str | None]:
+    """The layout an advice names (verdict and ratio); the chunk budget is its tuning (hold.py)."""
+    return key[0], key[1]
+
+
+def hold_advice(votes: Sequence[tuple[AdviceKey | None, int]], hold_windows: int) -> hysteresis.Held[AdviceKey]:
+    """`hold.hold` over advice keys, with the chunk budget as a tuning of its layout."""
+    return hysteresis.hold(votes, hold_windows, layout=advice_layout)
+
+
 @dataclass(frozen=True)
 class WindowAdvice:
     start_unix_ns: int
@@ -125,7 +135,7 @@ def decide_window(data: TraceData, windows: list[Window], index: int, options: R
 
 def held_advice(windows: Sequence[WindowAdvice], hold_windows: int) -> Advice:
     """The held advice after `windows` (in time order), `hold.hold` over their keys."""
-    held = hysteresis.hold([(w.key, w.start_unix_ns) for w in windows], hold_windows)
+    held = hold_advice([(w.key, w.start_unix_ns) for w in windows], hold_windows)
     if held.key is None:
         return Advice(Verdict.INSUFFICIENT_DATA, None, None, None, held.reason)
     verdict, ratio, budget = held.key

@@ -30,7 +30,7 @@ DEFAULT_POLL_INTERVAL = "1s"
 
 
 @click.command("advise")
-@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False))
 @click.option(
     "--window", "window_s", type=Duration(), required=True, help="Window length (e.g. 5m), by request start time."
 )
@@ -81,6 +81,14 @@ DEFAULT_POLL_INTERVAL = "1s"
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True, help="Address --metrics-port binds.")
 @click.option(
+    "--otlp-port",
+    type=click.IntRange(min=0, max=65535),
+    help="With --follow: also take OTLP/HTTP trace exports (POST /v1/traces, protobuf or JSON) on this port, "
+    "as from an OpenTelemetry Collector's otlphttp exporter or an SDK; TRACES may then be none. 0 picks a "
+    "free port (printed on stderr).",
+)
+@click.option("--otlp-host", default="127.0.0.1", show_default=True, help="Address --otlp-port binds.")
+@click.option(
     "--namespace",
     help="The deployment advised on: the `namespace` label of the metrics (default: service.namespace of the "
     "traces' resource, else empty); with --follow, spans whose resource names another namespace are skipped.",
@@ -97,6 +105,8 @@ def advise_command(  # type: ignore[no-untyped-def]
     poll_interval_s,
     metrics_port,
     metrics_host,
+    otlp_port,
+    otlp_host,
     namespace,
     fmt,
     output,
@@ -107,10 +117,15 @@ def advise_command(  # type: ignore[no-untyped-def]
 
     A window with too few requests is decided on itself merged with the windows before it (reason
     carried_fits). TRACES are read once, in the formats `report` reads; with --follow they are tailed
-    and each window is decided when it closes (one output line per window)."""
+    (and OTLP exports taken on --otlp-port) and each window is decided when it closes (one output line per
+    window)."""
     from tracer.otlp import TraceFileError
     from tracer.report.tables import TraceDataError
 
+    if otlp_port is not None and not follow:
+        raise click.UsageError("--otlp-port takes spans as they come: it needs --follow")
+    if not traces and otlp_port is None:
+        raise click.UsageError("give TRACES (trace files) or, with --follow, --otlp-port")
     if not follow:
         missing = [path for path in traces if not Path(path).is_file()]
         if missing:
@@ -119,7 +134,7 @@ def advise_command(  # type: ignore[no-untyped-def]
         options = _report_options(report, confidence_resamples)
         if follow or metrics_port is not None:
             _run_live(traces, options, window_s, hold_windows, follow, grace_s, poll_interval_s, metrics_port,
-                      metrics_host, namespace, fmt, output)  # fmt: skip
+                      metrics_host, otlp_port, otlp_host, namespace, fmt, output)  # fmt: skip
             return
         from tracer.advise.build import advise_files
         from tracer.advise.render import headline, render
@@ -155,19 +170,23 @@ def _report_options(report, confidence_resamples):  # type: ignore[no-untyped-de
 
 def _run_live(  # type: ignore[no-untyped-def]
     traces, options, window_s, hold_windows, follow, grace_s, poll_interval_s, metrics_port, metrics_host,
-    namespace, fmt, output,
+    otlp_port, otlp_host, namespace, fmt, output,
 ) -> None:  # fmt: skip
     """--follow and/or --metrics-port: runs until SIGINT/SIGTERM, writing to `output` or stdout."""
     import sys
 
     from tracer.advise import live
     from tracer.advise.follow import Follower
+    from tracer.advise.otlp_in import OtlpInbox
 
     stop = live.stop_on_signals()
     out = open(output, "w", encoding="utf-8") if output else sys.stdout  # noqa: SIM115
     try:
+        inbox = OtlpInbox(otlp_host, otlp_port) if otlp_port is not None else None
         follower = (
-            Follower(list(traces), options, window_s, hold_windows, grace_s, namespace=namespace) if follow else None
+            Follower(list(traces), options, window_s, hold_windows, grace_s, namespace=namespace, inbox=inbox)
+            if follow
+            else None
         )
         exporter = live.start_exporter(metrics_host, metrics_port) if metrics_port is not None else None
         if follower is not None:

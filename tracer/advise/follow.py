@@ -1,10 +1,11 @@
-"""`advise --follow`: tail growing trace files and decide each window as it closes.
+"""`advise --follow`: tail growing trace files (and/or take OTLP/HTTP exports, otlp_in.py) and decide each
+window as it closes.
 
 Windows are those of the offline advisor (windows.py): consecutive, `window_s` wide, by request arrival,
 from the earliest request seen; that start is fixed when the first window closes.
 
 **The close rule.** Spans are written when they end, so the advisor's clock is the *watermark*: the
-latest span end it has read, over all files. Window [start, end) closes when the watermark reaches
+latest span end it has read, over all files and exports received. Window [start, end) closes when the watermark reaches
 `end + grace_s`: by then every span that ended before `end + grace_s` has been read, and `grace_s` is the
 allowance for requests still running past the window's end and for exporters' batching (a request that
 arrived in the window but ends after `end + grace_s` is missed by it; it still counts for the windows that
@@ -15,8 +16,9 @@ advice is served as it is. Reading a finished file decides every window whose en
 Each closed window is decided as the offline advisor decides it (build.decide_window, on the spans held,
 which are pruned to the last `retain_windows` windows: a thin window carries fits back at most that far)
 and held with the same hysteresis (hold.py). With `namespace` set, spans whose resource names another
-`service.namespace` are skipped (a file several deployments share); spans that name none are kept. Blocking; one thread (the CLI's loop); CPU: one report
-without its bootstrap per window, plus reading.
+`service.namespace` are skipped (a file several deployments share); spans that name none are kept.
+Blocking; one thread (the CLI's loop) reads, decides and drains the OTLP inbox; CPU: one report without its
+bootstrap per window, plus reading.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from dataclasses import dataclass, replace
 
 from tracer.advise import hold as hysteresis
 from tracer.advise.accumulate import SpanTables
-from tracer.advise.build import Advice, AdviceKey, AdviseResult, WindowAdvice, decide_window, held_advice
+from tracer.advise.build import Advice, AdviceKey, AdviseResult, WindowAdvice, decide_window, held_advice, hold_advice
 from tracer.advise.deployed import Shape, deployed_shape
+from tracer.advise.otlp_in import OtlpInbox
 from tracer.advise.tail import FileTail
 from tracer.advise.windows import Window, cut
 from tracer.otlp import (
     ReadStats,
+    Span,
     TraceFileError,
     TraceFormat,
     describe_error,
@@ -44,6 +48,7 @@ from tracer.report.tables import TraceData
 from tracer.vocabulary import RESOURCE_SERVICE_NAMESPACE, AdviceReason, Verdict
 
 DEFAULT_RETAIN_WINDOWS = 12
+OTLP_SOURCE = "OTLP/HTTP"  # where spans received by --otlp-port come from, in error messages
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class Follower:
         *,
         namespace: str | None = None,
         retain_windows: int = DEFAULT_RETAIN_WINDOWS,
+        inbox: OtlpInbox | None = None,
     ) -> None:
         if window_s <= 0:
             raise ValueError("the window must be a positive duration")
@@ -86,6 +92,7 @@ class Follower:
         self.retain_windows = max(retain_windows, hold_windows, 1)
         self.namespace = namespace
         self.tails = [FileTail(p) for p in self.paths]
+        self.inbox = inbox
         self.tables = SpanTables(self.window_ns, skip_bad=options.skip_bad)
         self.stats = ReadStats()
         self.skipped_other_namespace = 0
@@ -100,6 +107,10 @@ class Follower:
         for tail in self.tails:
             for record in tail.poll():
                 self.take_record(tail.path, record.trace_format, record.number, record.data)
+        if self.inbox is not None:
+            for spans in self.inbox.drain():
+                self.stats.lines += 1
+                self.take_spans(OTLP_SOURCE, spans)
         closed = []
         while (window := self._next_closed()) is not None:
             closed.append(self._decide(window))
@@ -114,6 +125,8 @@ class Follower:
     def close(self) -> None:
         for tail in self.tails:
             tail.close()
+        if self.inbox is not None:
+            self.inbox.close()
 
     @property
     def advice(self) -> Advice:
@@ -127,8 +140,11 @@ class Follower:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             record_error(TraceFileError(path, number, describe_error(exc)), self.options.skip_bad, self.stats)
             return
+        self.take_spans(f"{path}:{number}", spans)
+
+    def take_spans(self, where: str, spans: list[Span]) -> None:
+        """Spans read from `where` (a file's record, or OTLP) into the tables, other namespaces' skipped."""
         self.stats.spans += len(spans)
-        where = f"{path}:{number}"
         for span in spans:
             if self.namespace and span.resource.get(RESOURCE_SERVICE_NAMESPACE, self.namespace) != self.namespace:
                 self.skipped_other_namespace += 1  # another deployment's span in a shared file
@@ -160,7 +176,7 @@ class Follower:
         self.decided.append(decision)
         before = self._held
         self._votes.append((decision.key, decision.start_unix_ns))
-        self._held = hysteresis.hold(self._votes, self.hold_windows)
+        self._held = hold_advice(self._votes, self.hold_windows)
         reason = hysteresis.window_reason(before, self._held, decision.key)
         deployed = deployed_shape(cut(data, window.start_ns, window.end_ns))
         self.tables.prune(windows[0].start_ns if len(windows) == self.retain_windows else 0)
@@ -177,7 +193,7 @@ def replay(result: AdviseResult, data: TraceData, namespace: str) -> list[Closed
     closed = []
     before: hysteresis.Held[AdviceKey] = hysteresis.Held(None, None, hysteresis.INSUFFICIENT_DATA)
     for i, window in enumerate(result.windows):
-        after = hysteresis.hold([(w.key, w.start_unix_ns) for w in result.windows[: i + 1]], result.hold)
+        after = hold_advice([(w.key, w.start_unix_ns) for w in result.windows[: i + 1]], result.hold)
         reason = hysteresis.window_reason(before, after, window.key)
         deployed = deployed_shape(cut(data, window.start_unix_ns, window.end_unix_ns))
         closed.append(ClosedWindow(window, result.held_after[i], reason, deployed, namespace))

@@ -9,6 +9,7 @@
     typed.py     the fast path: msgspec structs for OTLP/JSON lines, which the report's reader
                  (tracer.report.read) specialises on for its step columns
     requests.py  OTLP export requests (protobuf or JSON) -> SpanData per resource (the sidecar's receivers)
+    http_body.py the OTLP/HTTP body rules every receiver of ours applies (content types, bounded gzip)
     encode.py    writing OTLP/JSON lines: SpanData -> line (the sidecar's fast path), SDK spans -> line
                  (the OpenTelemetry encoder, the reference the fast path is byte-identical to)
 

@@ -13,7 +13,6 @@ because collecting may scrape an engine (scrape.py).
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections.abc import Callable
 
 from aiohttp import web
@@ -22,30 +21,17 @@ from prometheus_client import CollectorRegistry
 
 from tracer.auth import bearer_ok
 from tracer.export.exposition import Exposition
+from tracer.otlp.http_body import (
+    DEFAULT_MAX_BODY_BYTES,
+    JSON,
+    PROTOBUF,
+    BodyTooLarge,
+    UnsupportedMedia,
+    check_content_type,
+    export_body,
+)
 from tracer.sidecar.ingest_queue import IngestQueue
 from tracer.sidecar.otlp_decode import OtlpDecodeError, decode_json, decode_protobuf
-
-PROTOBUF = "application/x-protobuf"
-JSON = "application/json"
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
-
-class BodyTooLarge(Exception):
-    pass
-
-
-def inflate_gzip(body: bytes, limit_bytes: int) -> bytes:
-    """Decompress a gzip body, refusing (BodyTooLarge) past `limit_bytes`; ValueError when not gzip."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        out = inflater.decompress(body, limit_bytes + 1)
-    except zlib.error as exc:
-        raise ValueError(f"body is not valid gzip: {exc}") from None
-    if len(out) > limit_bytes or inflater.unconsumed_tail:
-        raise BodyTooLarge(f"decompressed body exceeds {limit_bytes} bytes")
-    if not inflater.eof:
-        raise ValueError("gzip body is truncated")
-    return out
 
 
 def make_app(
@@ -62,16 +48,16 @@ def make_app(
         if not bearer_ok(token, request.headers.get("Authorization")):
             return web.Response(status=401, text="missing or wrong bearer token")
         content_type = request.content_type
-        if content_type not in (PROTOBUF, JSON):
-            return web.Response(status=415, text=f"unsupported content type {content_type!r}; use {PROTOBUF} or {JSON}")
-        body = await request.read()  # aiohttp answers 413 itself past client_max_size
-        encoding = request.headers.get("Content-Encoding", "identity").lower()
         try:
-            if encoding == "gzip":
-                body = inflate_gzip(body, max_body_bytes)
-            elif encoding not in ("identity", ""):
-                return web.Response(status=415, text=f"unsupported content encoding {encoding!r}; use gzip")
+            check_content_type(content_type)
+        except UnsupportedMedia as exc:
+            return web.Response(status=415, text=str(exc))
+        body = await request.read()  # aiohttp answers 413 itself past client_max_size
+        try:
+            body = export_body(content_type, request.headers.get("Content-Encoding", ""), body, max_body_bytes)
             batches = decode_protobuf(body) if content_type == PROTOBUF else decode_json(body)
+        except UnsupportedMedia as exc:
+            return web.Response(status=415, text=str(exc))
         except BodyTooLarge as exc:
             return web.Response(status=413, text=str(exc))
         except (OtlpDecodeError, ValueError) as exc:
