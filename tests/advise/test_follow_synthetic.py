@@ -44,9 +44,11 @@ from tracer.otlp.requests import decode_json
 WINDOW_S, GRACE_S = 10.0, 10.0
 SPANS_PER_LINE = 500
 CHUNKS = 12
-# The bootstrap is off (it costs about five times the decision): the confidence series is absent, which
-# tests/advise/test_exposition.py checks; its panel target is the one advice query not run here.
+# The file-fed advisor runs without the bootstrap (the default: it costs about five times the decision), so
+# its confidence series is absent (tests/advise/test_exposition.py checks that); the OTLP-fed one runs each
+# live window's bootstrap, and there every advice panel, the confidence target included, must show data.
 CONFIDENCE_QUERY = "splitscope_advice_confidence_ratio"
+CONFIDENCE_RESAMPLES = 20
 
 
 def _exporter_lines(paths: list[Path], spans_per_line: int) -> list[bytes]:
@@ -115,7 +117,9 @@ def test_a_change_of_traffic_changes_the_held_advice_and_raises_layout_change_ad
     rules.write_text(render_rules_yaml(for_scale=FOR_SCALE), encoding="utf-8")
 
     otlp_port = free_port()
-    source = ["--otlp-port", str(otlp_port)] if feed == "otlp" else []
+    source = (
+        ["--otlp-port", str(otlp_port), "--confidence-resamples", str(CONFIDENCE_RESAMPLES)] if feed == "otlp" else []
+    )
     advisor = start_advisor(growing if feed == "file" else None, "--slo-ttft", str(SLO_TTFT_S), "--slo-itl",
                             str(SLO_ITL_S), "--router", SYNTHETIC_ROUTER, "--sim-requests", "100", "--namespace",
                             "team-a", *source, window_s=WINDOW_S, grace_s=GRACE_S)  # fmt: skip
@@ -157,6 +161,10 @@ def test_a_change_of_traffic_changes_the_held_advice_and_raises_layout_change_ad
         assert [w["reason"] for w in after[: HOLD - 1]] == ["held"] * (HOLD - 1)
         assert changed[0]["advice"]["verdict"] == "enable-chunked-prefill"
         assert all(w["deployed"] == "colocated" for w in windows)
+        if feed == "otlp":  # each live window ran its bootstrap: a confidence in (0, 1] per decided window
+            assert all(
+                0 < w["window"]["confidence"] <= 1 for w in windows if w["window"]["verdict"] != "insufficient-data"
+            )
         # The grace covers every request: each window counted exactly the requests that arrived in it.
         arrivals = arrivals_ns(growing)
         for w in windows:
@@ -173,5 +181,6 @@ def test_a_change_of_traffic_changes_the_held_advice_and_raises_layout_change_ad
         queries = [(t, grafana_to_promql(e)) for uid, t, e in dashboard_queries() if uid == overview.UID]
         panels = [(title, promql) for title, promql in queries if title in advice.PANELS]
         assert {title for title, _ in panels} == set(advice.PANELS)
-        empty = [(t, q) for t, q in panels if CONFIDENCE_QUERY not in q and not finite_values(prom.query(q))]
+        skipped = CONFIDENCE_QUERY if feed == "file" else "no query skipped"
+        empty = [(t, q) for t, q in panels if skipped not in q and not finite_values(prom.query(q))]
         assert empty == []
