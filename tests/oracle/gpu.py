@@ -1,0 +1,94 @@
+"""GPU-shaped iteration costs for the oracle: an H200 serving Qwen3-32B with vLLM, priced from aiconfigurator's
+measured kernel tables (tests/oracle/data/h200_qwen3_32b_vllm.json, its provenance inside; made by
+make_step_table.py there), not from any fit of the report's.
+
+An iteration costs what aiconfigurator's mixed-step estimate adds up, pass by pass:
+- the non-attention ops (GEMMs, norms, embedding, sampling) over every token it runs (one per running decode
+  plus the prefill tokens): flat while the weights' read dominates (about 17-20 ms up to 128 tokens on this
+  GPU), then rising with the tokens once the GEMMs are compute-bound: the knee a linear fit on small
+  batches cannot see;
+- the decodes' attention over their KV caches: `batch` requests at their mean context, from the table's
+  batch x KV grid (memory-bound, about linear in the KV tokens read);
+- the prefill's attention: a floor per iteration that runs any (the kernels' launch across 64 layers), plus
+  the attention of the prompt tokens it runs, priced by token pairs: a whole prompt of n tokens attends
+  n^2 pairs (x2 in the engine's count), so the table's n maps to n^2 and a chunk at an offset to the pairs
+  it adds; several prompts in one iteration are priced by their pairs together.
+Every table is interpolated linearly between its points (and along its last segment past its end).
+Pure; numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tests.oracle.engine import Physics
+
+TABLE_PATH = Path(__file__).with_name("data") / "h200_qwen3_32b_vllm.json"
+# Qwen3-32B's KV cache in bf16: 64 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes.
+QWEN3_32B_KV_BYTES_PER_TOKEN = 64 * 8 * 128 * 2 * 2
+
+
+@dataclass(frozen=True)
+class StepTable:
+    tokens: tuple[float, ...]
+    linear_s: tuple[float, ...]
+    prefill_attention_s: tuple[float, ...]
+    batch: tuple[float, ...]
+    kv_tokens: tuple[float, ...]
+    decode_attention_s: tuple[tuple[float, ...], ...]  # [batch][kv_tokens]
+    provenance: str
+
+    @classmethod
+    def load(cls, path: Path = TABLE_PATH) -> StepTable:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        ms = 1e-3
+        return cls(
+            tuple(float(t) for t in raw["tokens"]),
+            tuple(v * ms for v in raw["linear_ms"]),
+            tuple(v * ms for v in raw["prefill_attention_ms"]),
+            tuple(float(b) for b in raw["batch"]),
+            tuple(float(k) for k in raw["kv_tokens"]),
+            tuple(tuple(v * ms for v in row) for row in raw["decode_attention_ms"]),
+            raw["provenance"],
+        )
+
+
+def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """Linear between the points, and along the first / last segment outside them (never below zero)."""
+    if x <= xs[0]:
+        i = 0
+    elif x >= xs[-1]:
+        i = len(xs) - 2
+    else:
+        i = int(np.searchsorted(xs, x)) - 1
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
+    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass(frozen=True)
+class GpuPhysics(Physics):
+    """Physics whose iteration time comes from the kernel table (the link fields as in Physics)."""
+
+    table: StepTable = StepTable.load()
+    kv_bytes_per_token: float = float(QWEN3_32B_KV_BYTES_PER_TOKEN)
+
+    def iteration_s(
+        self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int
+    ) -> float:
+        t = self.table
+        seconds = _interp(running + prefill_tokens, t.tokens, t.linear_s)
+        if running:
+            kv = context_tokens / running
+            per_batch = [_interp(kv, t.kv_tokens, row) for row in t.decode_attention_s]
+            seconds += _interp(running, t.batch, tuple(per_batch))
+        if prefill_tokens:
+            floor = t.prefill_attention_s[0]
+            pairs = tuple(n * n for n in t.tokens)  # a whole prompt of n tokens: n^2 in the engine's count
+            seconds += floor + _interp(attention_tokens2, pairs, tuple(a - floor for a in t.prefill_attention_s))
+        if self.throttle_period_s > 0 and int(now_s // self.throttle_period_s) % 2 == 1:
+            seconds *= self.throttle_factor
+        return seconds
