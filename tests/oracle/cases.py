@@ -95,9 +95,9 @@ THROTTLED = Case(
 
 
 # GPU-shaped cases: an H200 serving Qwen3-32B with vLLM, every iteration priced from aiconfigurator's kernel
-# tables (tests/oracle/gpu.py): flat GEMM cost up to a knee, decode attention by KV read. Not yet in CASES:
-# the report does not reach their truth (bench/oracle_gpu.py prints both; issue 28). Built lazily, as the
-# table is read from disk.
+# tables (tests/oracle/gpu.py): flat GEMM cost up to a knee, decode attention by KV read. Apart from CASES:
+# the report reads them with --step-model roofline (tests/report/test_oracle_verdicts.py), and the tests
+# over CASES judge things (estimated gaps, attainment, vLLM metrics) set for the linear physics.
 def gpu_cases() -> dict[str, Case]:
     from tests.oracle.gpu import GpuPhysics
 

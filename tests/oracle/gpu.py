@@ -19,11 +19,11 @@ Pure; numpy only.
 
 from __future__ import annotations
 
+import bisect
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-
-import numpy as np
 
 from tests.oracle.engine import Physics
 
@@ -42,6 +42,15 @@ class StepTable:
     decode_attention_s: tuple[tuple[float, ...], ...]  # [batch][kv_tokens]
     provenance: str
 
+    @cached_property
+    def pairs(self) -> tuple[float, ...]:
+        """The engine's attention count of a whole prompt of each table size: n^2."""
+        return tuple(n * n for n in self.tokens)
+
+    @cached_property
+    def prefill_attention_over_floor_s(self) -> tuple[float, ...]:
+        return tuple(a - self.prefill_attention_s[0] for a in self.prefill_attention_s)
+
     @classmethod
     def load(cls, path: Path = TABLE_PATH) -> StepTable:
         raw = json.loads(path.read_text(encoding="utf-8"))
@@ -57,16 +66,16 @@ class StepTable:
         )
 
 
+def _segment(x: float, xs: tuple[float, ...]) -> tuple[int, float]:
+    """The segment of `xs` that prices `x` (the first or last one outside them) and where x lies along it."""
+    i = min(max(bisect.bisect_right(xs, x) - 1, 0), len(xs) - 2)
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
     """Linear between the points, and along the first / last segment outside them (never below zero)."""
-    if x <= xs[0]:
-        i = 0
-    elif x >= xs[-1]:
-        i = len(xs) - 2
-    else:
-        i = int(np.searchsorted(xs, x)) - 1
-    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]
-    return max(0.0, y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    i, along = _segment(x, xs)
+    return max(0.0, ys[i] + (ys[i + 1] - ys[i]) * along)
 
 
 @dataclass(frozen=True)
@@ -81,14 +90,17 @@ class GpuPhysics(Physics):
     ) -> float:
         t = self.table
         seconds = _interp(running + prefill_tokens, t.tokens, t.linear_s)
-        if running:
-            kv = context_tokens / running
-            per_batch = [_interp(kv, t.kv_tokens, row) for row in t.decode_attention_s]
-            seconds += _interp(running, t.batch, tuple(per_batch))
+        if running:  # bilinear in (batch, KV tokens): the two batch rows around it, each at the mean KV
+            i, along = _segment(running, t.batch)
+            rows = t.decode_attention_s
+            low, high = (
+                _interp(context_tokens / running, t.kv_tokens, rows[i]),
+                _interp(context_tokens / running, t.kv_tokens, rows[i + 1]),
+            )
+            seconds += max(0.0, low + (high - low) * along)
         if prefill_tokens:
             floor = t.prefill_attention_s[0]
-            pairs = tuple(n * n for n in t.tokens)  # a whole prompt of n tokens: n^2 in the engine's count
-            seconds += floor + _interp(attention_tokens2, pairs, tuple(a - floor for a in t.prefill_attention_s))
+            seconds += floor + _interp(attention_tokens2, t.pairs, t.prefill_attention_over_floor_s)
         if self.throttle_period_s > 0 and int(now_s // self.throttle_period_s) % 2 == 1:
             seconds *= self.throttle_factor
         return seconds

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.oracle.gpu import GpuPhysics
 from tests.synthetic import SYNTHETIC_ROUTER, Scenario, scenario, write_traces
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
@@ -58,8 +59,9 @@ def oracle_options(seen, **overrides) -> ReportOptions:
         sim_max_requests=1000,
         sim_duration_s=10.0,
         confidence_resamples=0,
-        # How the oracle's deployment routes: an operator knows their router.
+        # How the oracle's deployment routes: an operator knows their router, and their hardware.
         router=case.current.router,
+        step_model="roofline" if isinstance(case.physics, GpuPhysics) else "linear",
     )
     values.update(overrides)
     return ReportOptions(**values)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.oracle.cases import CASES
+from tests.oracle.cases import CASES, gpu_cases
 from tests.oracle.metrics_capture import write_vllm_metrics
 from tests.oracle.observe import Observed
 from tests.oracle.through_sidecar import write_via_sidecars
@@ -55,6 +55,25 @@ def test_full_traces_reach_the_oracles_verdict(oracle_traces, name, seed):
     report = build_report([full], oracle_options(seen))
     _assert_matches_the_truth(seen, report)
     assert report.fits["step"]["source"] == "step spans"
+
+
+# GPU-shaped costs (an H200 serving Qwen3-32B with vLLM, priced from aiconfigurator's kernel tables), from
+# our full traces and from stock vLLM's spans through sidecars (step costs estimated): the operator says the
+# hardware is an accelerator (--step-model roofline), and the report must name the oracle's very layout,
+# not one within a worker or a power of two of it.
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("name", list(gpu_cases()))
+@pytest.mark.parametrize("shape", ["full traces", "vLLM spans"])
+def test_gpu_shaped_costs_reach_the_oracles_exact_layout(oracle_traces, name, seed, shape):
+    seen, full, vllm_shaped = oracle_traces(name, seed, MARGIN)
+    report = build_report([full if shape == "full traces" else vllm_shaped], oracle_options(seen))
+    _assert_matches_the_truth(seen, report)
+    truth = seen.expected.best
+    assert (report.ratio, report.chunk_budget_tokens) == (
+        f"{truth.prefill_workers}:{truth.decode_workers}" if truth.kind == "split" else None,
+        truth.budget_tokens or None,
+    ), _table(seen, report)
+    assert any("--step-model roofline" in line for line in report.assumptions), report.assumptions
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -16,6 +16,7 @@ from tracer.report.render import render
 from tracer.report.selfcheck import (
     ATTAINMENT_TOLERANCE,
     MAX_CORRECTION,
+    MAX_ESTIMATED_TYPICAL_MISS,
     MAX_STEP_TYPICAL_MISS,
     MIN_STEP_R2,
     Correction,
@@ -64,10 +65,12 @@ def test_a_miss_near_the_objective_matters_and_yields_observed_over_predicted():
     assert (corrected.itl_stat, corrected.attainment) == (SLO_.itl_stat, SLO_.attainment)
 
 
-def test_a_miss_straddling_the_objective_matters_and_the_correction_is_clipped():
-    judgement = judge(_check(predicted_ttft_p90_s=0.2, measured_ttft_p90_s=3.0), 0.95, SLO_)
+def test_a_miss_straddling_the_objective_matters_and_past_the_largest_correction_refuses():
+    judgement = judge(_check(predicted_ttft_p90_s=0.2, measured_ttft_p90_s=3.0), 0.95, SLO_)  # 15x
     assert judgement.mattering
-    assert judgement.correction == Correction(ttft_factor=MAX_CORRECTION, itl_factor=1.0)
+    assert judgement.correction is None and len(judgement.refusals) == 1
+    within = judge(_check(predicted_ttft_p90_s=0.8, measured_ttft_p90_s=3.0), 0.95, SLO_)  # 3.75x
+    assert within.correction == Correction(ttft_factor=3.75, itl_factor=1.0)
 
 
 def test_the_factor_comes_from_the_mattering_quantile_nearest_the_objective():
@@ -244,7 +247,7 @@ def test_a_correction_that_only_takes_the_margin_refuses_and_says_so(scenario_tr
     # deployment's (a looser objective for the model), plain colocated catches up to within the margin.
     sc, path, _ = scenario_traces("long-prompts")
     said = Judgement(["a miss"], ["a miss"], [], [], Correction(ttft_factor=1.0, itl_factor=0.7))
-    monkeypatch.setattr(build.selfcheck, "judge", lambda check, step_r2, slo, step_typical_miss=None: said)
+    monkeypatch.setattr(build.selfcheck, "judge", lambda check, step_r2, slo, *fit_spread: said)
     report = build_report([path], quick_options(sc, margin=1.5))
     assert report.verdict == Verdict.INSUFFICIENT_DATA
     assert report.self_check["outcome"] == Outcome.REFUSED_MARGIN
@@ -268,3 +271,25 @@ def test_a_passing_check_says_passed(scenario_traces):
     sc, path, _ = scenario_traces("chatty")
     report = build_report([path], quick_options(sc))
     assert report.self_check["outcome"] == selfcheck.Outcome.PASSED and report.self_check["misses"] == []
+
+
+def test_an_estimated_fit_under_the_r2_floor_stands_only_on_its_tighter_typical_miss():
+    # Step costs estimated from request spans price each request's mean step: the same typical miss that
+    # clears a fit on single steps is far too much for one on means (selfcheck.MAX_ESTIMATED_TYPICAL_MISS).
+    check = _check()
+    on_steps = judge(check, 0.1, SLO_, 0.2, MAX_STEP_TYPICAL_MISS)
+    on_means = judge(check, 0.1, SLO_, 0.2, MAX_ESTIMATED_TYPICAL_MISS)
+    assert on_steps.refusals == [] and any("does not matter" in line for line in on_steps.harmless)
+    assert len(on_means.refusals) == 1 and "misses a typical step by 22%" in on_means.refusals[0]
+    assert judge(check, 0.1, SLO_, 0.005, MAX_ESTIMATED_TYPICAL_MISS).refusals == []
+
+
+def test_a_mattering_miss_past_the_largest_correction_refuses_instead_of_being_clipped():
+    # ITL p90 predicted 0.03 s, measured 0.15 s against a 0.1 s objective: off by 5x. Clipping the factor to
+    # 4 would decide against an objective the model still misses; the model is wrong here, not a little off.
+    judgement = judge(_check(predicted_itl_p90_s=0.03, measured_itl_p90_s=0.15), 0.95, SLO_)
+    assert judgement.correction is None
+    assert len(judgement.refusals) == 1 and f"off by more than {MAX_CORRECTION:g}x" in judgement.refusals[0]
+    within = judge(_check(predicted_itl_p90_s=0.05, measured_itl_p90_s=0.15), 0.95, SLO_)  # 3x: corrected
+    assert within.refusals == [] and within.correction is not None
+    assert within.correction.itl_factor == pytest.approx(3.0)

@@ -21,6 +21,7 @@ REPORT_OPTIONS = (
     "max_batch",
     "margin",
     "router",
+    "step_model",
     "sim_requests",
     "skip_bad",
 )
@@ -165,6 +166,7 @@ def _report_options(report, confidence_resamples):  # type: ignore[no-untyped-de
         sim_requests=report["sim_requests"],
         confidence_resamples=confidence_resamples,
         router=report["router"],
+        step_model=report["step_model"],
     )
 
 

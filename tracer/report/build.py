@@ -33,7 +33,16 @@ from tracer.report.estimate import (
     estimate_steps,
     itl_pass_probability,
 )
-from tracer.report.fit import PrefillFit, StepFit, TransferFit, fit_prefill, fit_steps, fit_transfers
+from tracer.report.fit import (
+    STEP_MODELS,
+    PrefillFit,
+    StepFit,
+    TransferFit,
+    fit_prefill,
+    fit_steps,
+    fit_transfers,
+    with_roofline,
+)
 from tracer.report.goodput import GoodputResult, search_goodput
 from tracer.report.metrics_file import (
     EngineMetrics,
@@ -98,6 +107,11 @@ class ReportOptions:
     # How the simulated router places requests on a pool's workers (simulate.ROUTERS): the reference
     # router's least-outstanding by default; traces carry no signal of the policy, so it is never inferred.
     router: str = "least-outstanding"
+    # How a decode batch past the largest the step spans saw is priced (StepCosts): "linear" extrapolates
+    # the fitted slopes (compute-bound hardware: a CPU); "roofline" prices it as an accelerator runs it
+    # (memory-bound until the knee, a prefill token's cost past it). The traces do not say which hardware
+    # ran them, so it is never inferred.
+    step_model: str = "linear"
     # "Why requests missed the SLO" (why.py): explain the missing requests' stalls and TTFT parts. It
     # reads the trace files a second time through the generic span reader (2-3x the report's own read), so
     # None (auto) builds it only up to WHY_MISSED_AUTO_MAX_BYTES of traces; True always, False never.
@@ -112,6 +126,8 @@ class ReportOptions:
                 raise ValueError(f"{name} must be positive")
         if self.max_batch < 1:
             raise ValueError("--max-batch must be at least 1")
+        if self.step_model not in STEP_MODELS:
+            raise ValueError(f"--step-model must be one of {', '.join(STEP_MODELS)}")
         if self.max_prefill_tokens_per_step < 1:
             raise ValueError("max_prefill_tokens_per_step must be at least 1")
         if self.router not in ROUTERS:
@@ -355,7 +371,8 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
         found.evidence.append(prose.model_check_line(check, slo))
     if run.final.verdict == Verdict.INSUFFICIENT_DATA:
         return found.report(Verdict.INSUFFICIENT_DATA, run.final.reasons, **run.fields())
-    judgement = selfcheck.judge(check, step_fit.r2, slo, step_fit.typical_miss)
+    limit = selfcheck.MAX_STEP_TYPICAL_MISS if step_fit.source == "step spans" else selfcheck.MAX_ESTIMATED_TYPICAL_MISS
+    judgement = selfcheck.judge(check, step_fit.r2, slo, step_fit.typical_miss, limit)
     if judgement.mattering:
         return _corrected_report(found, run, check, judgement)
     outcome = selfcheck.Outcome.MISSES_DO_NOT_MATTER if judgement.misses else selfcheck.Outcome.PASSED
@@ -658,13 +675,15 @@ def _step_costs(
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
         assumptions.append(prose.fitted_steps_line(int(data.steps.decode_requests.max())))
-        return fit_steps(data.steps)
+        return fit_steps(data.steps, options.step_model)
     estimate = estimate_chunked_steps if chunked else estimate_steps
     step_fit = estimate(data.requests) if len(data.requests) else None
     if step_fit is None:
         missing.append(prose.no_step_costs_line(len(data.steps), options.min_steps))
     else:
         assumptions.append(prose.estimated_steps_line(len(data.steps), chunked))
+        if options.step_model == "roofline":
+            step_fit = with_roofline(step_fit)
     return step_fit
 
 
@@ -923,6 +942,8 @@ def _fits_dict(
             "max_batch_seen": step_fit.max_batch_seen,
             "max_context_seen": step_fit.max_context_seen,
             "decode_s_per_request_beyond": c.decode_s_per_request_beyond if c.max_batch_seen > 0 else None,
+            # "roofline": past `max_batch_seen` a request costs its KV read until `roofline_knee_tokens`.
+            "roofline_knee_tokens": c.roofline_knee_tokens if c.roofline_knee_tokens > 0 else None,
         }
         fits["interference_factor"] = step_fit.interference_factor
     if prefill_fit is not None:

@@ -87,6 +87,15 @@ from tracer.cli.options import Duration
     help="How the simulated router places requests on a pool's workers (the reference router: least-outstanding).",
 )
 @click.option(
+    "--step-model",
+    type=click.Choice(["linear", "roofline"]),
+    default="linear",
+    show_default=True,
+    help="How decode batches larger than the traces saw are priced: linear extrapolates the fitted slopes "
+    "(compute-bound hardware, a CPU); roofline prices them as a GPU runs them (memory-bound until the knee, "
+    "compute-bound past it).",
+)
+@click.option(
     "--why-missed/--no-why-missed",
     default=None,
     help="The section on why requests missed the SLO; it reads the trace files a second time, span by span."
@@ -113,6 +122,7 @@ def report_command(
     sim_requests,
     confidence_resamples,
     router,
+    step_model,
     why_missed,
     fmt,
     output,
@@ -146,6 +156,7 @@ def report_command(
             metrics_file=metrics_file,
             confidence_resamples=confidence_resamples,
             router=router,
+            step_model=step_model,
             why_missed=why_missed,
         )
         report = build_report(list(traces), options)

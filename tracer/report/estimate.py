@@ -173,6 +173,7 @@ def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) ->
         features,
         seen.decode_only_step_s[use],
         ("base_s", "context_s_per_token", "decode_s_per_request"),
+        typical_miss=float(np.mean(np.abs(ratios_log))) if ok.sum() > 2 else None,
     )
 
 
@@ -294,6 +295,7 @@ def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
         features,
         target,
         ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2"),
+        typical_miss=float(np.mean(np.abs(logs))) if good.sum() > 2 else None,
     )
 
 

@@ -97,6 +97,8 @@ class StepFit:
         costs = replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
         if costs.max_batch_seen <= 0:
             return costs
+        if costs.roofline_knee_tokens > 0:
+            return replace(costs, roofline_knee_tokens=roofline_knee_tokens(costs))
         return replace(costs, decode_s_per_request_beyond=beyond_slope_s(self.design, target, self.weights, costs))
 
 
@@ -170,8 +172,35 @@ def _robust_sigma(values: np.ndarray, weights: np.ndarray) -> float:
     return 1.4826 * _weighted_median(np.abs(values - _weighted_median(values, weights)), weights)
 
 
-def fit_steps(steps: StepTable) -> StepFit:
+STEP_MODELS = ("linear", "roofline")
+ROOFLINE_MAX_KNEE_TOKENS = 65536.0  # a prefill token priced at nothing would put the knee at infinity
+
+
+def roofline_knee_tokens(costs: StepCosts) -> float:
+    """Tokens at which a step's GEMMs turn compute-bound: the fixed cost of a step (the weights' read) over
+    what one prefill token adds (a token's arithmetic), at least 1."""
+    if costs.prefill_s_per_token <= 0:
+        return ROOFLINE_MAX_KNEE_TOKENS
+    return float(min(ROOFLINE_MAX_KNEE_TOKENS, max(1.0, costs.base_s / costs.prefill_s_per_token)))
+
+
+def with_roofline(step_fit: StepFit) -> StepFit:
+    """`step_fit` with a batch past the largest it saw priced as an accelerator runs it (StepCosts). The
+    largest batch: the fitted steps' (step spans), else the largest time-averaged batch a request decoded
+    with (estimated fits; their design's batch column, as fit_steps' third), rounded up."""
+    largest = step_fit.max_batch_seen
+    if largest <= 0 and step_fit.design is not None and len(step_fit.design):
+        largest = int(np.ceil(np.nanmax(step_fit.design[:, 2])))
+    if largest <= 0:
+        return step_fit
+    costs = replace(step_fit.costs, max_batch_seen=largest)
+    costs = replace(costs, roofline_knee_tokens=roofline_knee_tokens(costs))
+    return replace(step_fit, costs=costs, max_batch_seen=largest)
+
+
+def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
     """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware).
+    `step_model`: how a batch past the largest seen is priced (StepCosts: "linear" or "roofline").
 
     Each span weighs as many steps as it stands for (`StepTable.weight`): on sampled step spans the fit,
     the interference factor and the noise estimate what every step would give."""
@@ -205,7 +234,7 @@ def fit_steps(steps: StepTable) -> StepFit:
     log_residuals = np.log(cycle_s[usable] / predicted[usable])
     noise_sigma = _robust_sigma(log_residuals, weights[usable]) if usable.sum() > 2 else 0.0
     typical_miss = float(np.average(np.abs(log_residuals), weights=weights[usable])) if usable.sum() > 2 else None
-    return StepFit(
+    fitted = StepFit(
         costs,
         "step spans",
         fit.r2,
@@ -222,6 +251,7 @@ def fit_steps(steps: StepTable) -> StepFit:
         int(steps.context_tokens.max()) if len(steps) else 0,
         typical_miss,
     )
+    return with_roofline(fitted) if step_model == "roofline" else fitted
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,16 @@ def extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[
         return []
     lines = []
     batch = max(result.max_batch for result in ran)
-    if batch > step_fit.max_batch_seen:
+    if batch > step_fit.max_batch_seen and step_fit.costs.roofline_knee_tokens > 0:
+        c = step_fit.costs
+        lines.append(
+            f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): priced as an "
+            f"accelerator runs them (--step-model roofline): each request past it adds its KV read only, until the "
+            f"step runs {c.roofline_knee_tokens:.0f} tokens (the knee: {c.base_s * 1e3:.3g} ms per step over "
+            f"{c.prefill_s_per_token * 1e6:.3g} us per prefill token), then a prefill token's cost; the fitted "
+            f"small-batch slope ({c.decode_s_per_request * 1e3:.3g} ms/request) is not extended; EXTRAPOLATED"
+        )
+    elif batch > step_fit.max_batch_seen and step_fit.costs.max_batch_seen > 0:
         c = step_fit.costs
         lines.append(
             f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): each request "
@@ -63,7 +72,7 @@ def extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[
             "and the bootstrap re-measures that slope"
         )
     context = max(result.max_context_tokens for result in ran)
-    if context > step_fit.max_context_seen:
+    if step_fit.max_context_seen > 0 and context > step_fit.max_context_seen:
         lines.append(
             f"batch context up to {context} tokens simulated, past the largest fitted ({step_fit.max_context_seen}): "
             "the per-token context cost is EXTRAPOLATED linearly"

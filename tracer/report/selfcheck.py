@@ -45,6 +45,13 @@ MIN_STEP_R2 = 0.8
 # long prompts R^2 0.86, typical miss 0.30; the oracle's GPU throttled to a third every other 5 s R^2 0.66,
 # typical miss 0.50 (the case the floor is for: costs that cannot price the steps).
 MAX_STEP_TYPICAL_MISS = 0.4
+# The same for step costs estimated from request spans (stock vLLM, SGLang): each of their targets is one
+# request's mean step over its decode window, tens to hundreds of steps, so a fit that prices the steps
+# misses those means by far less than it misses single steps. Measured on the oracle's spans through real
+# sidecars: an H200's flat, memory-bound decode steps (R^2 0.01-0.41, the means barely vary) typical miss
+# 0.004-0.006; short chats 0.007 and bursts 0.016 (R^2 0.96-1.0); the GPU throttled to a third every other
+# 5 s (R^2 0.00-0.07) 0.34-0.36, which must refuse.
+MAX_ESTIMATED_TYPICAL_MISS = 0.1
 # A quantile miss can move requests across the objective only when it comes within this factor of it.
 NEAR_SLO_SHARE = 0.5
 # Predicted and measured attainment at the observed rate may differ by this much (a share of requests):
@@ -54,7 +61,8 @@ ATTAINMENT_TOLERANCE = 0.10
 # share (over `attainment_requests` requests) is no miss, whatever the points. Six requests meeting the
 # objective four times cannot tell 67% from 85% (a slow-link phase of a test run here was refused so).
 WILSON_Z = 1.96
-# A correction beyond this factor is not a model that is a little off but one that is wrong: clip it.
+# A miss beyond this factor is not a model that is a little off but one that is wrong: a mattering miss
+# past it refuses (no correction is tried), and a correction's factors stay within it.
 MAX_CORRECTION = 4.0
 
 CHECKED = (("TTFT p50", "ttft_p50_s"), ("TTFT p90", "ttft_p90_s"), ("ITL p50", "itl_p50_s"), ("ITL p90", "itl_p90_s"))
@@ -71,7 +79,9 @@ class Outcome(StrEnum):
     CORRECTED_SAME_VERDICT = "corrected-same-verdict"  # corrected, and the corrected decision agrees
     REFUSED_FLIPS = "refused-flips"  # the corrected decision is another one
     REFUSED_MARGIN = "refused-margin"  # the corrected decision keeps the layout: the change's win is under the margin
-    REFUSED_FIT = "refused-fit"  # the step fit explains too little, or nothing to correct a miss that matters by
+    # the step fit explains too little, a miss that matters is off by more than MAX_CORRECTION, or there is
+    # nothing to correct a miss that matters by
+    REFUSED_FIT = "refused-fit"
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,13 @@ class _Miss:
         return min(max(self.measured_s / self.predicted_s, 1 / MAX_CORRECTION), MAX_CORRECTION)
 
     @property
+    def beyond_correction(self) -> bool:
+        """Off by more than MAX_CORRECTION either way: no factor can stand for this model."""
+        if self.predicted_s <= 0 or self.measured_s <= 0:
+            return True
+        return not 1 / MAX_CORRECTION <= self.measured_s / self.predicted_s <= MAX_CORRECTION
+
+    @property
     def distance(self) -> float:
         """How far the measurement sits from the objective, in log terms (0: on it)."""
         return abs(math.log(max(self.measured_s, 1e-12) / self.slo_s))
@@ -140,23 +157,33 @@ def describe_tolerance() -> str:
 
 
 def judge(
-    check: dict[str, float], step_r2: float | None, slo: SLO, step_typical_miss: float | None = None
+    check: dict[str, float],
+    step_r2: float | None,
+    slo: SLO,
+    step_typical_miss: float | None = None,
+    typical_miss_limit: float = MAX_STEP_TYPICAL_MISS,
 ) -> Judgement:
     """Sort the model check's misses (build.model_check's keys) into those that matter and those that do
     not, and the correction the mattering ones call for (module docstring). `step_typical_miss`: the step
-    fit's `typical_miss` (None: unknown, R^2 alone decides)."""
+    fit's `typical_miss` (None: unknown, R^2 alone decides); `typical_miss_limit`: the most it may be for a
+    fit under the R^2 floor to stand (MAX_STEP_TYPICAL_MISS, or MAX_ESTIMATED_TYPICAL_MISS for an estimate)."""
     quantiles = _quantile_misses(check, slo) + _gap_misses(check, slo)
     attainment = _attainment_miss(check)
-    fit = _fit_miss(step_r2, step_typical_miss)
+    fit = _fit_miss(step_r2, step_typical_miss, typical_miss_limit)
     misses = [m.text for m in quantiles] + [r for r in (attainment, fit) if r]
     mattering = [m.text for m in quantiles if m.matters] + [r for r in (attainment, fit) if r]
     refusals = [fit] if fit else []
+    refusals += [
+        f"{m.text}: off by more than {MAX_CORRECTION:g}x, a model that is wrong here, not a little off"
+        for m in quantiles
+        if m.matters and m.beyond_correction
+    ]
     harmless = [
         f"{m.text}: does not matter, {_why_harmless(m, check if attainment is None else {})}"
         for m in quantiles
         if not m.matters
     ]
-    low_r2 = _low_r2_with_small_residuals(step_r2, step_typical_miss)
+    low_r2 = _low_r2_with_small_residuals(step_r2, step_typical_miss, typical_miss_limit)
     if low_r2:
         harmless.append(low_r2)
     correction = None
@@ -234,10 +261,10 @@ def wilson_interval(share: float, count: int, z: float = WILSON_Z) -> tuple[floa
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def _fit_miss(step_r2: float | None, step_typical_miss: float | None) -> str | None:
+def _fit_miss(step_r2: float | None, step_typical_miss: float | None, limit: float) -> str | None:
     if step_r2 is None or step_r2 >= MIN_STEP_R2:
         return None
-    if step_typical_miss is not None and step_typical_miss <= MAX_STEP_TYPICAL_MISS:
+    if step_typical_miss is not None and step_typical_miss <= limit:
         return None
     spread = (
         "" if step_typical_miss is None else f", and it misses a typical step by {math.expm1(step_typical_miss):.0%}"
@@ -245,15 +272,15 @@ def _fit_miss(step_r2: float | None, step_typical_miss: float | None) -> str | N
     return f"the step fit explains too little of the step times: R^2 {step_r2:.3f} < {MIN_STEP_R2:g}{spread}"
 
 
-def _low_r2_with_small_residuals(step_r2: float | None, step_typical_miss: float | None) -> str | None:
+def _low_r2_with_small_residuals(step_r2: float | None, step_typical_miss: float | None, limit: float) -> str | None:
     """The line that says why a step fit under the R^2 floor still stands (None when none is owed)."""
     if step_r2 is None or step_r2 >= MIN_STEP_R2 or step_typical_miss is None:
         return None
-    if step_typical_miss > MAX_STEP_TYPICAL_MISS:
+    if step_typical_miss > limit:
         return None
     return (
         f"the step fit's R^2 {step_r2:.3f} is under {MIN_STEP_R2:g}: does not matter, it misses a typical step by "
-        f"{math.expm1(step_typical_miss):.0%} (at most {math.expm1(MAX_STEP_TYPICAL_MISS):.0%}); the step times vary "
+        f"{math.expm1(step_typical_miss):.0%} (at most {math.expm1(limit):.0%}); the step times vary "
         "little here, so there is little variance to explain"
     )
 

@@ -60,6 +60,13 @@ class StepCosts:
     memory-bound at small batch (a step costs nearly the same whatever the batch) and compute-bound past a
     knee, so a slope fitted mostly on small batches would extrapolate too cheap. The beyond slope is the
     one measured at the largest observed batches, the steepest the evidence shows.
+
+    With `roofline_knee_tokens` > 0 (`--step-model roofline`, an accelerator) the batch past the largest
+    seen is priced as a GPU runs it instead: the weights' read bounds a decode step until the tokens it
+    runs reach the knee (the fitted per-step cost over a prefill token's cost: where the GEMMs' arithmetic
+    starts to take longer than reading the weights), so each further request adds only its KV read (the
+    context term) until then, and a prefill token's cost past the knee. The small-batch slope, often a
+    kernel change between batch 1 and 2 on a GPU, is not carried to batches of hundreds.
     """
 
     base_s: float
@@ -69,13 +76,24 @@ class StepCosts:
     prefill_s_per_token2: float = 0.0
     max_batch_seen: float = 0.0  # requests (a count; a float so every field takes a fitted coefficient)
     decode_s_per_request_beyond: float = 0.0
+    roofline_knee_tokens: float = 0.0  # 0: the linear extrapolation above
 
     @property
     def beyond_extra_s(self) -> float:
-        """Seconds each request past `max_batch_seen` adds over the fitted slope (0: no knee)."""
+        """Seconds each request past `max_batch_seen` adds over the fitted slope (0: no knee; the roofline
+        takes the fitted slope back: -decode_s_per_request)."""
         if self.max_batch_seen <= 0:
             return 0.0
+        if self.roofline_knee_tokens > 0:
+            return -self.decode_s_per_request
         return max(0.0, self.decode_s_per_request_beyond - self.decode_s_per_request)
+
+    @property
+    def roofline_from_batch(self) -> float:
+        """Past this batch (requests) each decode costs a prefill token's GEMMs (roofline only; else inf)."""
+        if self.roofline_knee_tokens <= 0 or self.max_batch_seen <= 0:
+            return float("inf")
+        return max(self.roofline_knee_tokens, self.max_batch_seen)
 
     def step_s(
         self,
@@ -88,6 +106,7 @@ class StepCosts:
         attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
         return (
             self.beyond_extra_s * max(0.0, decode_requests - self.max_batch_seen)
+            + self.prefill_s_per_token * max(0.0, decode_requests - self.roofline_from_batch)
             + self.base_s
             + self.context_s_per_token * context_tokens
             + self.decode_s_per_request * decode_requests
@@ -411,7 +430,7 @@ class _Worker:
         step = run.costs.step
         base, ctx_c, req_c = step.base_s, step.context_s_per_token, step.decode_s_per_request
         pre_b, pre_c = step.prefill_s_per_token, step.prefill_s_per_token2
-        knee, extra = step.max_batch_seen, step.beyond_extra_s
+        knee, extra, roof = step.max_batch_seen, step.beyond_extra_s, step.roofline_from_batch
         while pending or self.waiting or decode_n or joining:
             if not (self.waiting or decode_n or joining) and pending[0][0] > t:
                 if pending[0][0] >= until_s:
@@ -435,8 +454,10 @@ class _Worker:
                 t = max(t, pending[0][0])  # nothing runnable until the next arrival
                 continue
             duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
-            if extra and decode_n > knee:
+            if decode_n > knee:
                 duration += extra * (decode_n - knee)
+                if decode_n > roof:
+                    duration += pre_b * (decode_n - roof)
             self.context_sum = context_sum
             t = self._step(duration, prefill_tokens, attention)
             # Every running request gained one token; those at their last token leave.
