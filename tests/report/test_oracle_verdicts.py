@@ -61,7 +61,7 @@ def test_full_traces_reach_the_oracles_verdict(oracle_traces, name, seed):
 # our full traces and from stock vLLM's spans through sidecars (step costs estimated): the operator says the
 # hardware is an accelerator (--step-model roofline), and the report must name the oracle's very layout,
 # not one within a worker or a power of two of it.
-@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("seed", SEEDS[:2])  # two seeds: a GPU case's truth costs several seconds of one core
 @pytest.mark.parametrize("name", list(gpu_cases()))
 @pytest.mark.parametrize("shape", ["full traces", "vLLM spans"])
 def test_gpu_shaped_costs_reach_the_oracles_exact_layout(oracle_traces, name, seed, shape):

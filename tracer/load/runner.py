@@ -25,6 +25,12 @@ from tracer.load.results import LoadResult
 from tracer.load.stats import summarize
 from tracer.load.workload import PlannedRequest, build_schedule
 
+# Seconds a finished request's connection is kept for the next one. Under the 5 s after which uvicorn (vLLM's
+# and SGLang's API servers) closes an idle connection: reusing one the server is closing fails the request as
+# "Server disconnected" before a byte of it was sent. Seen with a real vLLM beside a busy core: the three long
+# prompts, sent after the short requests' connections had idled about 5 s, failed so while vLLM was healthy.
+IDLE_CONNECTION_S = 2.0
+
 
 @dataclass
 class RunProgress:
@@ -97,8 +103,9 @@ async def run_load(
     progress.last_arrival_s = schedule[-1].arrival_s if schedule else 0.0
     records = [RequestMeasurement.planned(planned) for planned in schedule]
 
-    # The connector's limit matches the cap, so aiohttp never queues a due request behind a busy pool.
-    connector = aiohttp.TCPConnector(limit=config.max_inflight)
+    # The connector's limit matches the cap, so aiohttp never queues a due request behind a busy pool; idle
+    # connections are closed before servers close them, so a pooled one is never reused as it closes.
+    connector = aiohttp.TCPConnector(limit=config.max_inflight, keepalive_timeout=IDLE_CONNECTION_S)
     # No session-wide timeout: the client bounds each request with config.timeout_s itself.
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         started_perf_s = time.perf_counter()
