@@ -54,23 +54,23 @@ def extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[
         return []
     lines = []
     batch = max(result.max_batch for result in ran)
-    if batch > step_fit.max_batch_seen and step_fit.costs.roofline_knee_tokens > 0:
-        c = step_fit.costs
-        lines.append(
-            f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): priced as an "
-            f"accelerator runs them (--step-model roofline): each request past it adds its KV read only, until the "
-            f"step runs {c.roofline_knee_tokens:.0f} tokens (the knee: {c.base_s * 1e3:.3g} ms per step over "
-            f"{c.prefill_s_per_token * 1e6:.3g} us per prefill token), then a prefill token's cost; the fitted "
-            f"small-batch slope ({c.decode_s_per_request * 1e3:.3g} ms/request) is not extended; EXTRAPOLATED"
-        )
-    elif batch > step_fit.max_batch_seen and step_fit.costs.max_batch_seen > 0:
-        c = step_fit.costs
-        lines.append(
-            f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): each request "
-            f"past it is priced at {c.decode_s_per_request_beyond * 1e3:.3g} ms, the marginal cost measured at the "
-            f"largest batches (fitted slope {c.decode_s_per_request * 1e3:.3g} ms), never below it; EXTRAPOLATED, "
-            "and the bootstrap re-measures that slope"
-        )
+    c = step_fit.costs
+    if batch > step_fit.max_batch_seen and c.max_batch_seen > 0:
+        past = f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): "
+        if c.roofline_knee_tokens > 0:
+            lines.append(
+                past + f"priced as an accelerator runs them (--step-model roofline): each request past it adds its KV "
+                f"read only, until the step runs {c.roofline_knee_tokens:.0f} tokens (the knee: {c.base_s * 1e3:.3g} "
+                f"ms per step over {c.prefill_s_per_token * 1e6:.3g} us per prefill token), then a prefill token's "
+                f"cost; the fitted small-batch slope ({c.decode_s_per_request * 1e3:.3g} ms/request) is not extended; "
+                "EXTRAPOLATED"
+            )
+        else:
+            lines.append(
+                past + f"each request past it is priced at {c.decode_s_per_request_beyond * 1e3:.3g} ms, the marginal "
+                f"cost measured at the largest batches (fitted slope {c.decode_s_per_request * 1e3:.3g} ms), never "
+                "below it; EXTRAPOLATED, and the bootstrap re-measures that slope"
+            )
     context = max(result.max_context_tokens for result in ran)
     if step_fit.max_context_seen > 0 and context > step_fit.max_context_seen:
         lines.append(
