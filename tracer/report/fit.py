@@ -193,8 +193,7 @@ def with_roofline(step_fit: StepFit) -> StepFit:
         largest = int(np.ceil(np.nanmax(step_fit.design[:, 2])))
     if largest <= 0:
         return step_fit
-    costs = replace(step_fit.costs, max_batch_seen=largest)
-    costs = replace(costs, roofline_knee_tokens=roofline_knee_tokens(costs))
+    costs = replace(step_fit.costs, max_batch_seen=largest, roofline_knee_tokens=roofline_knee_tokens(step_fit.costs))
     return replace(step_fit, costs=costs, max_batch_seen=largest)
 
 

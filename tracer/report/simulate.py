@@ -431,6 +431,7 @@ class _Worker:
         base, ctx_c, req_c = step.base_s, step.context_s_per_token, step.decode_s_per_request
         pre_b, pre_c = step.prefill_s_per_token, step.prefill_s_per_token2
         knee, extra, roof = step.max_batch_seen, step.beyond_extra_s, step.roofline_from_batch
+        priced_past_knee = extra != 0 or roof != float("inf")  # else a step past the knee costs as fitted
         while pending or self.waiting or decode_n or joining:
             if not (self.waiting or decode_n or joining) and pending[0][0] > t:
                 if pending[0][0] >= until_s:
@@ -454,7 +455,7 @@ class _Worker:
                 t = max(t, pending[0][0])  # nothing runnable until the next arrival
                 continue
             duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
-            if decode_n > knee:
+            if priced_past_knee and decode_n > knee:
                 duration += extra * (decode_n - knee)
                 if decode_n > roof:
                     duration += pre_b * (decode_n - roof)
