@@ -28,7 +28,7 @@ judges); the client's own judgement is shown beside it. The two differ because t
 byte tokenizer holds back a partial UTF-8 character: the client then sees two tokens in one chunk, and a
 gap twice a step long, which a per-token model does not predict.
 
-Run: `python bench/verdict_ab.py` (both shapes, about 16-20 minutes on an idle 2-core CPU machine), or
+Run: `python bench/verdict_ab.py` (every shape, about 25-30 minutes on an idle 2-core CPU machine), or
 `--shape chat` for one. `--json FILE` writes every measured point. Progress goes to stderr.
 """
 
@@ -50,6 +50,7 @@ from reference_server.launch.process import ServerProcess
 from reference_server.launch.serve import ServeConfig
 from tracer.load import BurstSpec, LengthSpec, LoadConfig, run_load_sync
 from tracer.load import ClientSLO as LoadSLO
+from tracer.load.replay_formats import read_replay
 from tracer.load.workload import build_schedule
 from tracer.report.build import (
     OptionResult,
@@ -60,7 +61,7 @@ from tracer.report.build import (
 )
 from tracer.report.render import render
 from tracer.report.simulate import SLO
-from tracer.report.tables import load_traces
+from tracer.report.tables import StepTable, load_traces
 
 PRESET = "small"
 MAX_BATCH = ServeConfig.max_batch
@@ -78,6 +79,7 @@ GRID_BELOW, GRID_ABOVE = 2, 1
 EXTRA_RATES = 3
 # The highest rate the search may try, as a multiple of the shape's base rate.
 CEILING_OVER_BASE = 8.0
+AZURE_CONV_TRACE = Path(__file__).resolve().parents[1] / "tests/oracle/data/azure_llm_2023_conv_head1000.csv"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,13 @@ class Shape:
     base_rate_rps: float
     traced_rate_rps: float
     burst: BurstSpec | None = None
+    # A production trace instead of Poisson arrivals: its arrivals (pattern kept, stretched to the base rate)
+    # and lengths, each length scaled by the factor and kept within the bounds (a CPU serves a small model).
+    trace: Path | None = None
+    prompt_scale: float = 1.0
+    output_scale: float = 1.0
+    prompt_bounds: tuple[int, int] = (1, 4096)
+    output_bounds: tuple[int, int] = (2, 4096)
     slo_ttft_s: float = 2.0
     slo_itl_s: float = 0.1
     seed: int = 11
@@ -106,7 +115,7 @@ class Shape:
 SHAPES = {
     # Short prompts, longer answers: a short prefill joining a decode step costs little, so two colocated
     # workers both decode, while a 1:1 split leaves one of them prefilling short prompts, mostly idle.
-    "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=3.0, slo_itl_s=0.15),
+    "chat": Shape("chat", prompt_tokens=64, output_tokens=128, base_rate_rps=4.0, traced_rate_rps=6.0, slo_itl_s=0.15),
     # Short chats plus, every few seconds, two long prompts at once: a whole long prefill in a colocated
     # step stalls every decode beside it past the inter-token objective.
     "bursts": Shape(
@@ -116,6 +125,22 @@ SHAPES = {
         base_rate_rps=2.0,
         traced_rate_rps=2.0,
         burst=BurstSpec(every_s=4.0, count=2, prompt_tokens=1024),
+    ),
+    # Production-shaped: Azure's 2023 conversation trace (tests/oracle/data, CC-BY 4.0, provenance beside it),
+    # read as `splitscope load --replay` reads it: its bursts and lulls (gap coefficient of variation 1.3), and
+    # each request's prompt and answer lengths together, scaled to what a small CPU model serves (1/4 each:
+    # over the 520 requests used, prompts median 249 tokens, p90 328, and 6% near 1,024; answers median 54).
+    "production": Shape(
+        "production",
+        prompt_tokens=0,
+        output_tokens=0,
+        base_rate_rps=2.0,
+        traced_rate_rps=2.5,
+        trace=AZURE_CONV_TRACE,
+        prompt_scale=1 / 4,
+        output_scale=1 / 4,
+        prompt_bounds=(8, 2048),
+        output_bounds=(4, 160),
     ),
 }
 
@@ -142,6 +167,9 @@ class Row:
     client_bracket_per_gpu: tuple[float, float] = (float("nan"), float("nan"))  # the same judged on chunk gaps
     points: list[Point] = field(default_factory=list)
     attainment_target: float = 0.9
+    # This layout's decode-only steps against the traced run's at equal batch sizes (decode_step_ratio):
+    # under 1, its steps ran faster than the ones the report was fitted on. None: too few to compare.
+    decode_step_ratio: float | None = None
 
     @property
     def measured_per_gpu(self) -> float:
@@ -177,6 +205,8 @@ def base_schedule(shape: Shape, horizon_s: float) -> list[dict]:
     to fill `horizon_s` at the search's ceiling rate."""
     burst_rate_rps = shape.burst.count / shape.burst.every_s if shape.burst else 0.0
     requests = math.ceil((shape.base_rate_rps + burst_rate_rps) * CEILING_OVER_BASE * horizon_s) + MIN_POINT_REQUESTS
+    if shape.trace is not None:
+        return trace_schedule(shape, requests)
     config = LoadConfig(
         url="http://127.0.0.1:1",
         model=PRESET,
@@ -190,6 +220,24 @@ def base_schedule(shape: Shape, horizon_s: float) -> list[dict]:
     return [
         {"arrival_s": p.arrival_s, "prompt_tokens": p.prompt_tokens, "output_tokens": p.output_tokens}
         for p in build_schedule(config)
+    ]
+
+
+def trace_schedule(shape: Shape, requests: int) -> list[dict]:
+    """The first `requests` of the shape's trace (all of it if shorter), read by the load generator's own
+    replay reader, arrivals stretched to the base rate and lengths scaled within the shape's bounds."""
+    entries = read_replay(shape.trace)[:requests]
+    if len(entries) < MIN_POINT_REQUESTS:
+        raise SystemExit(f"{shape.trace}: {len(entries)} requests, fewer than a rate's {MIN_POINT_REQUESTS}")
+    span_s = entries[-1].arrival_s - entries[0].arrival_s
+    stretch = (len(entries) - 1) / span_s / shape.base_rate_rps
+    return [
+        {
+            "arrival_s": (e.arrival_s - entries[0].arrival_s) * stretch,
+            "prompt_tokens": int(np.clip(round(e.prompt_tokens * shape.prompt_scale), *shape.prompt_bounds)),
+            "output_tokens": int(np.clip(round(e.output_tokens * shape.output_scale), *shape.output_bounds)),
+        }
+        for e in entries
     ]
 
 
@@ -283,11 +331,11 @@ def measure_layout(
     gpus: int,
     step: float,
     ceiling_rps: float,
-) -> list[Point]:
+) -> tuple[list[Point], StepTable]:
     """Serve one layout with traces on and drive the schedule at each rate (ascending, stopping after two
     failing rates on the client's judgement); while every rate passed, go on up by `step` (at most
     EXTRA_RATES more, below `ceiling_rps`) so the search ends in a bracket. Then judge every point on the
-    server's spans too."""
+    server's spans too. Returns the points and the server's step spans."""
     points: list[Point] = []
     traces = workdir / f"traces-{'-'.join(serve_args[1::2])}.jsonl"
     traces.unlink(missing_ok=True)
@@ -323,12 +371,42 @@ def measure_layout(
             f"  {point.rate_rps / gpus:.3f} req/s/GPU: span attainment "
             f"{'-' if point.span_attainment is None else f'{point.span_attainment:.0%}'} ({len(selected)} requests)"
         )
-    return points
+    return points, load_traces([traces]).steps
+
+
+# Batch sizes compared by decode_step_ratio need this many decode-only steps on each side.
+MIN_STEPS_PER_BATCH = 20
+
+
+def decode_step_ratio(steps: StepTable, traced: StepTable) -> float | None:
+    """How many times longer `steps`' decode-only steps took than `traced`'s, at equal batch sizes: per batch
+    size the ratio of mean durations, then the median over sizes weighted by the steps compared. Raw step
+    spans, no fit: the measured reason a layout's capacity differs from what a fit on the traced run says
+    (on shared CPU cores a worker's steps run faster when its neighbour idles)."""
+
+    def decode_only(table: StepTable) -> StepTable:
+        return table.select(table.prefill_tokens == 0)
+
+    here, there = decode_only(steps), decode_only(traced)
+    ratios, counts = [], []
+    for batch in np.unique(here.decode_requests):
+        mine, theirs = here.decode_requests == batch, there.decode_requests == batch
+        compared = min(int(mine.sum()), int(theirs.sum()))
+        if compared >= MIN_STEPS_PER_BATCH:
+            ratios.append(float(np.mean(here.duration_s[mine]) / np.mean(there.duration_s[theirs])))
+            counts.append(compared)
+    if not counts:
+        return None
+    return float(np.quantile(ratios, 0.5, weights=counts, method="inverted_cdf"))
 
 
 def rate_limits_rps(schedule: list[dict]) -> tuple[float, float]:
     """The search's floor (MIN_POINT_REQUESTS sent in MAX_POINT_S) and ceiling (a multiple of the base rate)."""
     return MIN_POINT_REQUESTS / MAX_POINT_S, schedule_rate_rps(schedule) * CEILING_OVER_BASE
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def _ms(value_s: float | None) -> str:
@@ -425,6 +503,8 @@ class ShapeResult:
     workers: int
     step: float
     verdict: str
+    target: str  # the split ratio or chunk budget the verdict names ("" when none)
+    confidence: float | None  # share of the report's bootstrap re-runs agreeing (None: --confidence 0)
     unconfirmed: str | None
     model_check: dict[str, float]
     rows: list[Row]
@@ -473,15 +553,17 @@ def run_shape(
         log(f"{row.label}: predicted {row.predicted_per_gpu:.3f} req/s/GPU; measuring")
         floor_rps, ceiling_rps = rate_limits_rps(schedule)
         rates = rate_grid_rps(row.predicted_per_gpu * workers, step, GRID_BELOW, GRID_ABOVE, floor_rps, ceiling_rps)
-        row.points = measure_layout(
+        row.points, steps = measure_layout(
             row.serve_args, shape, schedule, rates, horizon_s, workdir, workers, step, ceiling_rps
         )
+        if report.data is not None:
+            row.decode_step_ratio = decode_step_ratio(steps, report.data.steps)
         for judge, attr in (("span", "measured_bracket_per_gpu"), ("client", "client_bracket_per_gpu")):
             low, high = goodput_from_points(row.points, shape.slo.attainment, judge)
             setattr(row, attr, (low / workers, high / workers))
         log(
             f"{row.label}: measured {row.measured_per_gpu:.3f} req/s/GPU (bracket {row.measured_bracket_per_gpu}, "
-            f"on chunk gaps {row.client_bracket_per_gpu})"
+            f"on chunk gaps {row.client_bracket_per_gpu}); decode steps {_ratio(row.decode_step_ratio)} the traced run's"
         )
     return ShapeResult(
         shape.name,
@@ -489,6 +571,8 @@ def run_shape(
         workers,
         step,
         report.verdict,
+        str(report.ratio or report.chunk_budget_tokens or ""),
+        report.confidence,
         report.unconfirmed,
         report.model_check,
         rows,
@@ -509,17 +593,19 @@ def markdown(result: ShapeResult) -> str:
     lines = [
         f"shape `{result.shape}`: {result.horizon_s:g} s of arrivals per rate, {result.workers} workers; "
         f"report verdict from the traced colocated run: {result.verdict}"
+        + (f" {result.target}" if result.target else "")
+        + ("" if result.confidence is None else f", confidence {result.confidence:.0%}")
         + (f" (unconfirmed: {result.unconfirmed})" if result.unconfirmed else ""),
         "",
-        "| layout | predicted req/s/GPU | measured req/s/GPU | passes / fails at | error | on client chunk gaps: passes / fails at |",
-        "|---|---|---|---|---|---|",
+        "| layout | predicted req/s/GPU | measured req/s/GPU | passes / fails at | error | decode steps vs traced run | on client chunk gaps: passes / fails at |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in result.rows:
         low, high = row.measured_bracket_per_gpu
         c_low, c_high = row.client_bracket_per_gpu
         lines.append(
             f"| {row.label} | {row.predicted_per_gpu:.3f} | {row.measured_per_gpu:.3f} | {low:.3f}{'' if row.monotone else '*'} / {high:.3f} | "
-            f"{row.error:+.0%} | {c_low:.3f} / {c_high:.3f} |"
+            f"{row.error:+.0%} | {_ratio(row.decode_step_ratio)} | {c_low:.3f} / {c_high:.3f} |"
         )
     lines += [
         "",

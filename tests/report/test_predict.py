@@ -43,6 +43,7 @@ def test_the_current_layout_is_predicted_as_the_model_check_replays_it(scenario_
         report.slo,
         report.step_fit.noise_sigma,
         report.engine_params,
+        step_noise=report.step_fit.noise,
     )
     assert prediction.attainment == check["predicted_attainment"]
 

@@ -293,3 +293,37 @@ def test_a_mattering_miss_past_the_largest_correction_refuses_instead_of_being_c
     within = judge(_check(predicted_itl_p90_s=0.05, measured_itl_p90_s=0.15), 0.95, SLO_)  # 3x: corrected
     assert within.refusals == [] and within.correction is not None
     assert within.correction.itl_factor == pytest.approx(3.0)
+
+
+def test_a_quantile_between_stalled_and_unstalled_requests_is_no_miss_when_the_shares_over_the_objective_agree():
+    # Bursts of long prompts on the reference server (bench/verdict_ab.py, 71 requests): ITL p90 predicted
+    # 0.027 s vs measured 0.155 s under a 0.1 s objective, with 7.0% vs 11.3% of the requests over it. The
+    # per-request ITL is two-humped; the p90 sits between the humps and a request or two moves it far.
+    shares = dict(predicted_itl_over_slo=0.070, measured_itl_over_slo=0.113, attainment_requests=71.0)
+    knife_edge = judge(_check(predicted_itl_p90_s=0.027, measured_itl_p90_s=0.155, **shares), 0.95, SLO_)
+    assert knife_edge.refusals == [] and knife_edge.mattering == [] and knife_edge.correction is None
+    assert any("7.0% of requests over the ITL objective" in line and "11.3%" in line for line in knife_edge.harmless)
+    # The same quantiles over 1,000 requests resolve 7% from 11%: the model is wrong about the stalls.
+    many = judge(
+        _check(predicted_itl_p90_s=0.027, measured_itl_p90_s=0.155, **{**shares, "attainment_requests": 1000.0}),
+        0.95,
+        SLO_,
+    )
+    assert len(many.refusals) == 1 and f"off by more than {MAX_CORRECTION:g}x" in many.refusals[0]
+    # ... and so do shares far apart over few requests (2% predicted vs 30% measured of 71).
+    apart = judge(
+        _check(
+            predicted_itl_p90_s=0.027,
+            measured_itl_p90_s=0.155,
+            predicted_itl_over_slo=0.02,
+            measured_itl_over_slo=0.3,
+            attainment_requests=71.0,
+        ),
+        0.95,
+        SLO_,
+    )
+    assert apart.mattering and apart.refusals
+    # A miss near the objective but on one side of it is headroom the goodput search spends at higher rates:
+    # it matters even where the shares over the objective agree.
+    near = judge(_check(predicted_itl_p90_s=0.06, measured_itl_p90_s=0.095, **shares), 0.95, SLO_)
+    assert near.mattering and near.correction is not None

@@ -51,6 +51,7 @@ from tracer.report.metrics_file import (
     metrics_sources,
     read_metrics_file,
 )
+from tracer.report.noise import StepNoise
 from tracer.report.simulate import (
     ROUTERS,
     SLO,
@@ -365,7 +366,15 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     )
     gap_histogram = found.engine_metrics.gaps if found.engine_metrics is not None else None
     check = model_check(
-        current, requests, costs, slo, step_fit.noise_sigma, params, gap_histogram, _served_attainment(found, requests)
+        current,
+        requests,
+        costs,
+        slo,
+        step_fit.noise_sigma,
+        params,
+        gap_histogram,
+        _served_attainment(found, requests),
+        step_noise=step_fit.noise,
     )
     if check:
         found.evidence.append(prose.model_check_line(check, slo))
@@ -874,10 +883,12 @@ def model_check(
     params: EngineParams = EngineParams(),
     measured_gaps: Histogram | None = None,
     measured_attainment: float | None = None,
+    step_noise: StepNoise | None = None,
 ) -> dict[str, float]:
     """The fitted model replaying the observed requests on the current layout, against what was measured:
     medians of TTFT and of the per-request ITL statistic, predicted and measured (seconds). Step times
-    vary by the fit's observed spread (`noise_sigma`, seeded: the check is reproducible). With the engine's
+    vary as measured (`step_noise`: each kind's residuals, in streaks where they were correlated; kinds
+    without enough residuals, and transfers, by the fit's spread `noise_sigma`; seeded: reproducible). With the engine's
     gap histogram (`measured_gaps`), also every predicted gap's p50/p90/p99 against the bucket that holds
     the measured one (`measured_gap_pXX_low_s` / `_high_s`): a measurement no estimate stands in for. And
     the share of requests meeting both SLOs at the observed rate, `predicted_attainment` against
@@ -893,6 +904,7 @@ def model_check(
         slo,
         params=params,
         noise_sigma=noise_sigma,
+        step_noise=step_noise,
         seed=0,
         record=measured_gaps is not None and measured_gaps.count > 0,
     )
@@ -912,6 +924,17 @@ def model_check(
         out[f"measured_ttft_p{q}_s"] = float(np.percentile(measured_ttft, q)) if len(measured_ttft) else float("nan")
         out[f"predicted_itl_p{q}_s"] = float(np.percentile(result.itl(slo.itl_stat), q))
         out[f"measured_itl_p{q}_s"] = float(np.percentile(measured_itl, q)) if len(measured_itl) else float("nan")
+    # The share of requests over each objective, predicted and measured: whether a quantile miss moves
+    # requests across it (selfcheck.judge).
+    for quantity, predicted, measured, threshold in (
+        ("ttft", result.ttft_s, measured_ttft, slo.ttft_s),
+        ("itl", result.itl(slo.itl_stat), measured_itl, slo.itl_s),
+    ):
+        predicted = predicted[np.isfinite(predicted)]
+        out[f"predicted_{quantity}_over_slo"] = (
+            float(np.mean(predicted > threshold)) if len(predicted) else float("nan")
+        )
+        out[f"measured_{quantity}_over_slo"] = float(np.mean(measured > threshold)) if len(measured) else float("nan")
     gaps = [g for g in (result.token_gaps or []) if len(g)]
     if measured_gaps is not None and gaps:
         predicted = np.concatenate(gaps)
@@ -944,6 +967,8 @@ def _fits_dict(
             "decode_s_per_request_beyond": c.decode_s_per_request_beyond if c.max_batch_seen > 0 else None,
             # "roofline": past `max_batch_seen` a request costs its KV read until `roofline_knee_tokens`.
             "roofline_knee_tokens": c.roofline_knee_tokens if c.roofline_knee_tokens > 0 else None,
+            # Each step kind's spread and whether consecutive steps' residuals are correlated (noise.py).
+            "noise": step_fit.noise.as_json() if step_fit.noise is not None else None,
         }
         fits["interference_factor"] = step_fit.interference_factor
     if prefill_fit is not None:

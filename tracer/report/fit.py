@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from tracer.report.noise import StepNoise, measure_step_noise, step_kinds
 from tracer.report.simulate import StepCosts
 from tracer.report.tables import RequestTable, StepTable, TransferTable
 
@@ -81,6 +82,9 @@ class StepFit:
     # Unlike `noise_sigma` (a median-based spread, blind to a minority of far-off steps) it grows with every
     # step the costs cannot price; the self-check reads it beside R^2. None: not known (estimated fits).
     typical_miss: float | None = None
+    # Each step kind's residuals and whether they run in streaks (noise.py): what the model check and
+    # `predict_attainment` multiply simulated steps by. None: not measured (estimated fits: lognormal).
+    noise: StepNoise | None = field(default=None, repr=False)
 
     def resampled(self, rng: np.random.Generator) -> StepCosts:
         """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap),
@@ -232,6 +236,10 @@ def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
     usable = (predicted > 0) & (cycle_s > 0)
     log_residuals = np.log(cycle_s[usable] / predicted[usable])
     noise_sigma = _robust_sigma(log_residuals, weights[usable]) if usable.sum() > 2 else 0.0
+    kinds = step_kinds(steps.prefill_tokens[usable], steps.decode_requests[usable])
+    noise = measure_step_noise(
+        steps.worker[usable], steps.start_ns[usable], kinds, log_residuals, weights[usable] if steps.sampled else None
+    )
     typical_miss = float(np.average(np.abs(log_residuals), weights=weights[usable])) if usable.sum() > 2 else None
     fitted = StepFit(
         costs,
@@ -249,6 +257,7 @@ def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
         max_batch,
         int(steps.context_tokens.max()) if len(steps) else 0,
         typical_miss,
+        noise,
     )
     return with_roofline(fitted) if step_model == "roofline" else fitted
 

@@ -61,6 +61,15 @@ def predict_attainment(report: Report, layout: Layout | None = None) -> Predicti
         return None
     workload = observed_workload(requests)
     slo, corrected = model_slo(report)
-    noise_sigma = report.step_fit.noise_sigma if report.step_fit is not None else 0.0
-    result = simulate(target, workload, report.costs, slo, params=report.engine_params, noise_sigma=noise_sigma, seed=0)
+    fit = report.step_fit
+    result = simulate(
+        target,
+        workload,
+        report.costs,
+        slo,
+        params=report.engine_params,
+        noise_sigma=fit.noise_sigma if fit is not None else 0.0,
+        step_noise=fit.noise if fit is not None else None,
+        seed=0,
+    )
     return Prediction(target, result.attainment_for(slo), workload.rate_per_s, len(workload), corrected)

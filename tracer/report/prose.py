@@ -6,9 +6,11 @@ JSON `headline`, an unconfirmed guess, a corrected verdict). Pure computation.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from tracer.report import selfcheck
+from tracer.report.noise import STEP_KINDS, StepNoise
 from tracer.report.simulate import SLO
 from tracer.vocabulary import Verdict
 
@@ -111,6 +113,22 @@ def model_check_line(check: dict[str, float], slo: SLO) -> str:
     )
 
 
+def step_noise_line(noise: StepNoise) -> str:
+    spreads = ", ".join(f"{kind} {noise.spread(kind):.3g}" for kind in STEP_KINDS if not math.isnan(noise.spread(kind)))
+    if math.isnan(noise.lag1_autocorrelation):
+        streaks = f"too few consecutive steps ({noise.pairs}) to tell streaks: drawn one at a time"
+    else:
+        streaks = (
+            f"consecutive steps' lag-1 autocorrelation {noise.lag1_autocorrelation:.2f} over {noise.pairs} pairs: "
+            + (
+                f"drawn in runs of {noise.block_steps} consecutive steps"
+                if noise.block_steps > 1
+                else "drawn one at a time"
+            )
+        )
+    return f"step noise as measured (log residual spread by kind: {spreads or 'too few steps of any kind'}); {streaks}"
+
+
 def confidence_line(confidence: Confidence) -> str:
     said = ", ".join(
         f"{verdict} x{count}" for verdict, count in sorted(confidence.verdicts.items(), key=lambda kv: -kv[1])
@@ -148,6 +166,8 @@ def evidence_lines(
             f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
             f"and context ({step_fit.interference_samples} samples)"
         )
+    if step_fit.noise is not None:
+        lines.append(step_noise_line(step_fit.noise))
     if prefill_fit is not None:
         lines.append(
             f"prefill fit ({prefill_fit.samples} requests, R^2 {prefill_fit.r2:.3f}): {prefill_fit.a_s * 1e3:.3g} ms + "
@@ -265,7 +285,7 @@ def run_lines(options: ReportOptions, gpus_seen: int | None) -> list[str]:
     return lines + [
         f"ITL SLO applies to each request's {slo.itl_stat} inter-token gap; goodput needs {slo.attainment:.0%} of requests within both SLOs",
         f"requests are routed {ROUTER_WORDS[options.router]} (--router); each simulation replays {options.sim_duration_s:g} s of arrivals "
-        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones",
+        f"({options.sim_requests}-{options.sim_max_requests} requests) resampled from the observed ones in blocks that keep their bursts",
         f"each worker runs at most {options.max_batch} requests at once; later arrivals queue (--max-batch)",
         # Measured on the reference server on 2 shared CPU cores (bench/verdict_ab.py): workers that share
         # cores slow each other, so step costs depend on how busy the neighbours were when they were fitted.

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracer.report.noise import NoiseDraws, StepNoise
 from tracer.vocabulary import POOL_OF_ROLE, ROLES_OF_MODE, Mode, Role
 
 MODES = tuple(Mode)
@@ -248,21 +249,47 @@ class Workload:
         return Workload(arrivals, self.prompt_tokens, self.cached_tokens, self.output_tokens, self.session)
 
     def resample(self, n_requests: int, seed: int) -> Workload:
-        """`n_requests` drawn with replacement: lengths jointly, inter-arrival gaps independently (bootstrap).
+        """`n_requests` drawn with replacement in blocks of consecutive requests (a circular block bootstrap).
 
-        Gaps keep the observed burstiness; with fewer than two arrivals they are Poisson.
+        A block keeps its requests' lengths, sessions and the gaps before each of them, so a burst (long
+        prompts arriving within milliseconds of each other) and a lull stay as observed instead of being
+        spread over the run by independent draws; blocks start anywhere and are at least as long as the
+        longest burst seen (`block_length`). Fewer than two arrivals: Poisson gaps, lengths drawn jointly.
         """
         rng = np.random.default_rng(seed)
-        picks = rng.integers(0, len(self), n_requests)
-        gaps = np.diff(self.arrival_s)
-        gaps = gaps[gaps >= 0]
-        if len(gaps) >= 1 and gaps.sum() > 0:
-            drawn = rng.choice(gaps, n_requests)
-        else:
+        n = len(self)
+        gaps = np.maximum(np.diff(self.arrival_s), 0.0)
+        if n < 2 or gaps.sum() <= 0:
+            picks = rng.integers(0, n, n_requests)
             drawn = rng.exponential(1.0, n_requests)
+        else:
+            length = block_length(gaps)
+            starts = rng.integers(0, n, -(-n_requests // length))
+            picks = ((starts[:, None] + np.arange(length)) % n).ravel()[:n_requests]
+            # The gap before each request; the first request's is one drawn from the others (a block may
+            # start there, after the run's last request).
+            before = np.concatenate(([rng.choice(gaps)], gaps))
+            drawn = before[picks]
         arrivals = np.concatenate(([0.0], np.cumsum(drawn[1:])))
         picked = self.prompt_tokens[picks], self.cached_tokens[picks], self.output_tokens[picks]
         return Workload(arrivals, *picked, self._sessions(picks))
+
+
+# A gap under this share of the mean gap joins its two requests into one burst.
+BURST_GAP_SHARE = 0.1
+
+
+def block_length(gaps_s: np.ndarray) -> int:
+    """Requests per resampling block: n^(1/3) (the usual order for a block bootstrap of n) but at least
+    the longest burst seen (consecutive requests whose gaps are under BURST_GAP_SHARE of the mean gap), so
+    a burst is never cut for being longer than a block; at most a quarter of the requests."""
+    n = len(gaps_s) + 1
+    in_burst = gaps_s < BURST_GAP_SHARE * float(gaps_s.mean())
+    longest_run, run = 0, 0
+    for joined in in_burst:
+        run = run + 1 if joined else 0
+        longest_run = max(longest_run, run)
+    return int(max(1, min(max(math.ceil(n ** (1 / 3)), longest_run + 1), n // 4)))
 
 
 @dataclass(frozen=True)
@@ -476,8 +503,8 @@ class _Worker:
     def _step(self, duration: float, prefill_tokens: int, attention: int) -> float:
         """Run the planned step of `duration` seconds from `t` (noise, log, extremes); returns its end."""
         run, t = self.run, self.t
-        if run.rng is not None:
-            duration *= float(run.rng.lognormal(0.0, run.noise_sigma))
+        if run.noise is not None:
+            duration *= run.noise.step(self.worker_id, prefill_tokens, self.decode_n)
         if self.log is not None:
             self.log.append(self.worker_id, t, duration, self.decode_n, prefill_tokens, self.context_sum, attention)
         if self.decode_n > self.max_batch:
@@ -631,16 +658,19 @@ def simulate(
     *,
     params: EngineParams = EngineParams(),
     noise_sigma: float = 0.0,
+    step_noise: StepNoise | None = None,
     seed: int = 0,
     record: bool = False,
 ) -> SimResult:
     """Serve `workload` on `layout` under `costs`; per-request TTFT, inter-token gap statistics, end-to-end.
 
-    `noise_sigma` > 0 multiplies every step and transfer time by a lognormal factor (synthetic traces).
+    `noise_sigma` > 0 multiplies every step and transfer time by a lognormal factor (synthetic traces);
+    `step_noise` (measured, noise.py) then prices the steps of each kind it has residuals for instead.
     With `record`, the result also carries every step and each request's stage timeline.
     Blocking, CPU only; runs in time linear in the number of steps.
     """
-    run = _Run.of(workload, costs, params, layout, noise_sigma, seed, record)
+    noise = NoiseDraws(np.random.default_rng(seed), noise_sigma, step_noise) if noise_sigma > 0 or step_noise else None
+    run = _Run.of(workload, costs, params, layout, noise, record)
     if layout.mode != Mode.DISAGGREGATED:
         _serve_colocated(run, layout)
     else:
@@ -687,8 +717,7 @@ class _Run:
     costs: Costs
     params: EngineParams
     chunk_budget_tokens: int
-    rng: np.random.Generator | None
-    noise_sigma: float
+    noise: NoiseDraws | None
     steps: dict[str, StepLog] | None  # pool -> steps, when recording
     first_token: np.ndarray = field(init=False)
     prefill_start: np.ndarray = field(init=False)
@@ -711,8 +740,7 @@ class _Run:
         costs: Costs,
         params: EngineParams,
         layout: Layout,
-        noise_sigma: float,
-        seed: int,
+        noise: NoiseDraws | None,
         record: bool,
     ) -> _Run:
         arrival = np.asarray(workload.arrival_s, dtype=float)
@@ -730,8 +758,7 @@ class _Run:
             costs,
             params,
             layout.chunk_budget_tokens,
-            np.random.default_rng(seed) if noise_sigma > 0 else None,
-            noise_sigma,
+            noise,
             {} if record else None,
         )
 
@@ -861,8 +888,8 @@ def _ship(run: _Run, w: int, worker: _Worker, link_free: list[float], load: _Loa
         run.prefill_start[request] = worker.out.prefill_start_s[request]
         run.prefill_end[request] = end
         wire_s = float(run.prompt[request]) * transfer.kv_bytes_per_token / transfer.link_bytes_per_s
-        if run.rng is not None:
-            wire_s *= float(run.rng.lognormal(0.0, run.noise_sigma))
+        if run.noise is not None:
+            wire_s *= run.noise.wire()
         start = max(end, link_free[w])
         link_free[w] = start + wire_s
         ready = link_free[w] + transfer.constant_s
