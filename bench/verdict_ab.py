@@ -103,6 +103,10 @@ class Shape:
     output_scale: float = 1.0
     prompt_bounds: tuple[int, int] = (1, 4096)
     output_bounds: tuple[int, int] = (2, 4096)
+    # A trace is not stationary (its long prompts come when they came): every run replays the same first
+    # `fixed_requests` of it stretched to its rate, the traced run included, so the report sees the very
+    # requests each rate is measured on. 0: each rate sends `--horizon-s` of arrivals.
+    fixed_requests: int = 0
     slo_ttft_s: float = 2.0
     slo_itl_s: float = 0.1
     seed: int = 11
@@ -141,6 +145,7 @@ SHAPES = {
         output_scale=1 / 4,
         prompt_bounds=(8, 2048),
         output_bounds=(4, 160),
+        fixed_requests=240,
     ),
 }
 
@@ -226,7 +231,7 @@ def base_schedule(shape: Shape, horizon_s: float) -> list[dict]:
 def trace_schedule(shape: Shape, requests: int) -> list[dict]:
     """The first `requests` of the shape's trace (all of it if shorter), read by the load generator's own
     replay reader, arrivals stretched to the base rate and lengths scaled within the shape's bounds."""
-    entries = read_replay(shape.trace)[:requests]
+    entries = read_replay(shape.trace)[: shape.fixed_requests or requests]
     if len(entries) < MIN_POINT_REQUESTS:
         raise SystemExit(f"{shape.trace}: {len(entries)} requests, fewer than a rate's {MIN_POINT_REQUESTS}")
     span_s = entries[-1].arrival_s - entries[0].arrival_s
@@ -254,6 +259,11 @@ def schedule_rate_rps(schedule: list[dict]) -> float:
     """Mean total arrival rate the way the report counts it: (n - 1) / (last arrival - first)."""
     span_s = schedule[-1]["arrival_s"] - schedule[0]["arrival_s"]
     return (len(schedule) - 1) / span_s
+
+
+def run_horizon_s(shape: Shape, horizon_s: float) -> float:
+    """Seconds of arrivals each run sends: all of a fixed set of requests, else `horizon_s`."""
+    return math.inf if shape.fixed_requests else horizon_s
 
 
 def stretched(schedule: list[dict], rate_rps: float, horizon_s: float) -> list[dict]:
@@ -347,7 +357,13 @@ def measure_layout(
         failures, extra_left = 0, EXTRA_RATES
         rates_rps = list(rates_rps)  # grows while every rate passes
         for rate_rps in rates_rps:
-            point = run_schedule(server.url, stretched(schedule, rate_rps, horizon_s), shape, workdir, seed=shape.seed)
+            point = run_schedule(
+                server.url,
+                stretched(schedule, rate_rps, run_horizon_s(shape, horizon_s)),
+                shape,
+                workdir,
+                seed=shape.seed,
+            )
             points.append(point)
             log(
                 f"  {rate_rps / gpus:.3f} req/s/GPU: client attainment {point.attainment:.0%} "
@@ -436,7 +452,11 @@ def traced_report(
     with ServerProcess(args, log_path=workdir / "server.log") as server:
         run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
         point = run_schedule(
-            server.url, stretched(schedule, shape.traced_rate_rps, horizon_s), shape, workdir, seed=shape.seed
+            server.url,
+            stretched(schedule, shape.traced_rate_rps, run_horizon_s(shape, horizon_s)),
+            shape,
+            workdir,
+            seed=shape.seed,
         )
     log(f"traced colocated x{workers} run: {point.ok} ok, attainment {point.attainment:.0%}, {point.wall_s:.0f} s")
     options = ReportOptions(
@@ -447,9 +467,9 @@ def traced_report(
         # The served workers' token budget: a colocated or prefill-only step joins whole prompts up to it.
         max_prefill_tokens_per_step=ServeConfig.token_budget,
         # Simulated runs as long as the measured ones: a short overload queues less than a long one.
-        sim_requests=MIN_POINT_REQUESTS,
+        sim_requests=shape.fixed_requests or MIN_POINT_REQUESTS,
         sim_max_requests=len(schedule),
-        sim_duration_s=horizon_s,
+        sim_duration_s=1.0 if shape.fixed_requests else horizon_s,
     )
     return build_report([traces], options)
 
