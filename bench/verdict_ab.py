@@ -69,6 +69,10 @@ DEFAULT_STEP = 1.25
 # The slowest rate tried takes at most this long to send its requests: below it, goodput is "under the floor".
 MAX_POINT_S = 60.0
 WARMUP_REQUESTS = 6
+# The load generator's seed sets the prompts' text (arrivals and lengths come from the schedule). The
+# reference server caches prefixes, so a run that replays text it has served prefills only the uncached
+# tail: the warm-up and every rate get text of their own.
+WARMUP_TEXT_SEED = 10_000
 # Every rate sends the arrivals of this many seconds (the report's own horizon: a capacity is what a layout
 # sustains, not how fast it drains one short burst), and at least MIN_POINT_REQUESTS requests.
 DEFAULT_HORIZON_S = 30.0
@@ -353,16 +357,16 @@ def measure_layout(
         ["--preset", PRESET, "--max-batch", str(MAX_BATCH), "--traces-file", str(traces), *serve_args],
         log_path=workdir / "server.log",
     ) as server:
-        run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
+        run_schedule(server.url, warmup(schedule), shape, workdir, seed=WARMUP_TEXT_SEED)
         failures, extra_left = 0, EXTRA_RATES
         rates_rps = list(rates_rps)  # grows while every rate passes
-        for rate_rps in rates_rps:
+        for index, rate_rps in enumerate(rates_rps):
             point = run_schedule(
                 server.url,
                 stretched(schedule, rate_rps, run_horizon_s(shape, horizon_s)),
                 shape,
                 workdir,
-                seed=shape.seed,
+                seed=shape.seed + 1 + index,  # new text each rate: the server's prefix cache has seen none of it
             )
             points.append(point)
             log(
@@ -450,7 +454,7 @@ def traced_report(
         str(traces),
     ]
     with ServerProcess(args, log_path=workdir / "server.log") as server:
-        run_schedule(server.url, warmup(schedule), shape, workdir, seed=shape.seed)
+        run_schedule(server.url, warmup(schedule), shape, workdir, seed=WARMUP_TEXT_SEED)
         point = run_schedule(
             server.url,
             stretched(schedule, shape.traced_rate_rps, run_horizon_s(shape, horizon_s)),
