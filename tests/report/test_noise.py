@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracer.report.noise import DECODE, MIXED, PREFILL, NoiseDraws, measure_step_noise
+from tracer.report.noise import DECODE, MIXED, PREFILL, STEP_KINDS, NoiseDraws, measure_step_noise
 
 N = 3000
 
@@ -20,9 +20,11 @@ def _ar1(phi: float, sigma: float, n: int, rng: np.random.Generator) -> np.ndarr
 
 
 def _measure(residuals: np.ndarray, kinds: np.ndarray, weights: np.ndarray | None = None, workers: int = 1):
+    """measure_step_noise over one worker's steps 1 ms apart; `kinds` by name."""
     worker = np.array([f"w{i % workers}" for i in range(len(residuals))], dtype=object)
     start_ns = np.arange(len(residuals), dtype=np.int64) * 1_000_000
-    return measure_step_noise(worker, start_ns, kinds, residuals, weights)
+    codes = np.array([STEP_KINDS.index(k) for k in kinds], dtype=np.int8)
+    return measure_step_noise(worker, start_ns, codes, residuals, weights)
 
 
 def test_streaks_of_slow_steps_are_found_and_drawn_in_blocks():
