@@ -19,7 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DECODE, PREFILL, MIXED = "decode", "prefill", "mixed"
+from tracer.vocabulary import Stage
+
+# A step that runs decodes only, prefill only, or both (a prefill's work beside running decodes).
+DECODE, PREFILL, MIXED = str(Stage.DECODE), str(Stage.PREFILL), "mixed"
 STEP_KINDS = (DECODE, PREFILL, MIXED)
 # A kind needs this many residuals to be drawn from; with fewer, its steps take the lognormal spread.
 MIN_KIND_RESIDUALS = 20
