@@ -30,7 +30,11 @@ MIN_KIND_RESIDUALS = 20
 MIN_PAIRS = 30
 
 
+_DECODE_CODE, _PREFILL_CODE, _MIXED_CODE = (STEP_KINDS.index(kind) for kind in (DECODE, PREFILL, MIXED))
+
+
 def step_kind(prefill_tokens: int, decode_requests: int) -> str:
+    """One step's kind (step_kinds' rule, for a step at a time)."""
     if prefill_tokens <= 0:
         return DECODE
     return MIXED if decode_requests > 0 else PREFILL
@@ -38,8 +42,8 @@ def step_kind(prefill_tokens: int, decode_requests: int) -> str:
 
 def step_kinds(prefill_tokens: np.ndarray, decode_requests: np.ndarray) -> np.ndarray:
     """Every step's kind as its index in STEP_KINDS (int8: a million steps' kinds as strings cost seconds)."""
-    codes = np.where(prefill_tokens <= 0, 0, np.where(decode_requests > 0, 2, 1))
-    return codes.astype(np.int8)
+    mixed_or_prefill = np.where(decode_requests > 0, _MIXED_CODE, _PREFILL_CODE)
+    return np.where(prefill_tokens <= 0, _DECODE_CODE, mixed_or_prefill).astype(np.int8)
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ class NoiseDraws:
         kind = step_kind(prefill_tokens, decode_requests)
         drawn = self._kinds.get(kind)
         if drawn is None:
-            return float(self._rng.lognormal(0.0, self._sigma)) if self._sigma > 0 else 1.0
+            return self.wire()  # the fit's lognormal spread
         factors, cumulative = drawn
         if self._block == 1:
             return float(factors[self._index(len(factors), cumulative)])
@@ -157,4 +161,5 @@ class NoiseDraws:
         return min(n - 1, int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right")))
 
     def wire(self) -> float:
+        """A transfer's factor: lognormal(0, sigma), 1 without a spread."""
         return float(self._rng.lognormal(0.0, self._sigma)) if self._sigma > 0 else 1.0
