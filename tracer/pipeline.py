@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -262,6 +263,7 @@ class SpanBuilder:
             attrs[s.ATTR_ITL_P99_S] = quantile(gaps, 0.99)
             attrs[s.ATTR_ITL_MAX_S] = gaps[-1]
             attrs[s.ATTR_ITL_MEAN_S] = sum(gaps) / len(gaps)
+            attrs[s.ATTR_ITL_JOINED_TOKENS] = bisect_right(gaps, 0.0)  # sorted: the zeros lead
         if self.slo is not None:
             missed = self.slo.missed(
                 attrs.get(s.ATTR_TTFT_S),

@@ -80,7 +80,8 @@ class RequestRecord(NamedTuple):
     """The router's view of one request: the root span and the client-facing latency metrics.
 
     Times are the clock's marks. `first_token`, when not None, is the mark at which the first token was
-    sent to the client; `token_gap_s` holds the inter-token gaps the client saw (seconds).
+    sent to the client; `token_gap_s` holds the inter-token gaps the client saw (seconds), 0.0 for a token that
+    reached it in the same stream event as the token before (counted as `splitscope.itl_joined_tokens`).
     """
 
     kind: int  # KIND_REQUEST

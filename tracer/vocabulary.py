@@ -167,6 +167,10 @@ ATTR_TTFT_S = "splitscope.ttft_s"
 ATTR_ITL_P99_S = "splitscope.itl_p99_s"
 ATTR_ITL_MAX_S = "splitscope.itl_max_s"
 ATTR_ITL_MEAN_S = "splitscope.itl_mean_s"
+# Tokens that reached the client in the same stream event as the token before them (a gap of zero): text
+# held back for an incomplete UTF-8 character or a possible stop string, or several tokens from one step.
+# The gap before such an event spans two or more engine steps; the report replays that share.
+ATTR_ITL_JOINED_TOKENS = "splitscope.itl_joined_tokens"
 ATTR_POOL = "splitscope.pool"
 ATTR_WORKER = "splitscope.worker"
 ATTR_TIMING_SOURCE = "splitscope.timing.source"

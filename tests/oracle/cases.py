@@ -41,6 +41,9 @@ class Case:
     # Production traffic: arrivals and lengths from a public trace (a key of TRACES), read in order from a
     # seeded offset; prompt_tokens and output_tokens then bound its lengths instead of drawing them.
     trace: str | None = None
+    # The share of tokens whose text the front end holds back until the next token (a byte-level tokenizer
+    # on sampled text holds every lead byte of a multi-byte character): the client sees two steps as one gap.
+    held_share: float = 0.0
 
 
 # The Azure LLM inference trace 2023 (first 1,000 rows of each file; provenance and licence in
@@ -107,6 +110,14 @@ THROTTLED = Case(
     Slo(1.5, 0.08, "max"),
     (500, 1500),
     (80, 200),
+)
+
+
+# Medium prompts under a tight p99 gap whose front end holds back a fifth of the tokens' text (a byte-level
+# tokenizer on sampled text: a character's lead byte waits for the next): every held token makes the client's
+# gap two steps, so a chunk budget that fits the SLO in one step (128) misses it, and the budget halves.
+HELD_TEXT = Case(
+    "held-text", colocated(2), FAST, Slo(1.5, 0.06, "p99"), (500, 1500), (80, 200), held_share=0.2
 )
 
 
@@ -179,6 +190,7 @@ def _trace_traffic(case: Case, n_requests: int, rng: np.random.Generator) -> Tra
         arrivals,
         np.clip(prompts[window], *case.prompt_tokens),
         np.clip(outputs[window], *case.output_tokens),
+        case.held_share,
     )
 
 
@@ -200,7 +212,7 @@ def traffic(case: Case, n_requests: int, seed: int) -> Traffic:
         gaps[is_long] = rng.exponential(0.002, is_long.sum())
         gaps *= n_requests / gaps.sum()  # back to a mean of one second
     arrivals = np.cumsum(gaps)
-    return Traffic(arrivals - arrivals[0], prompts, outputs)
+    return Traffic(arrivals - arrivals[0], prompts, outputs, case.held_share)
 
 
 def candidates(gpus: int) -> list[Deployment]:
@@ -222,6 +234,7 @@ def _workload_key(case: Case, seed: int, n_requests: int) -> tuple:
         case.long_prompt_tokens,
         case.burst,
         case.trace,
+        case.held_share,
         seed,
         n_requests,
     )

@@ -107,13 +107,39 @@ class Request:
     end_s: float = -1.0
     prefilled: int = 0  # prompt tokens prefilled so far
     first_iteration: int = -1  # its worker's iteration that emits its second token
+    # Positions (1 = the token after the first) whose text the front end held back until the next token
+    # came (an incomplete character): the client gets both in one event, as a gap of the two steps then 0.
+    held: frozenset[int] = frozenset()
 
     @property
     def gaps_s(self) -> np.ndarray:
+        """The engine's gaps: one per token after the first."""
         return np.diff(np.array([self.first_token_s, *self.token_s])) if self.token_s else np.zeros(0)
 
-    def itl_s(self, stat: str) -> float:
-        gaps = self.gaps_s
+    @property
+    def client_gaps_s(self) -> np.ndarray:
+        """The gaps the client saw, one per token after the first: an event carries a held token with the
+        ones after it up to the first token not held (the last is never held); its first token gets the gap
+        since the event before, the others 0."""
+        times = [self.first_token_s, *self.token_s]
+        gaps: list[float] = []
+        last_event_s, waiting = times[0], 0
+        for position in range(1, len(times)):
+            if position in self.held and position < len(times) - 1:
+                waiting += 1
+                continue
+            gaps += [times[position] - last_event_s] + [0.0] * waiting
+            last_event_s, waiting = times[position], 0
+        return np.array(gaps)
+
+    @property
+    def joined_tokens(self) -> int:
+        """Tokens the client got in one event with the token before (the router's zero gaps)."""
+        return sum(1 for position in self.held if position < len(self.token_s))
+
+    def itl_s(self, stat: str, *, client: bool = True) -> float:
+        """A statistic of the gaps the client saw (`client`) or of the engine's."""
+        gaps = self.client_gaps_s if client else self.gaps_s
         if not len(gaps):
             return 0.0
         return float(
@@ -161,11 +187,15 @@ def serve(
     noise_sigma: float = 0.0,
     seed: int = 0,
     record: bool = True,
+    held_share: float = 0.0,
 ) -> Run:
-    """Serve the requests on `deployment`; every request's token times, and (`record`) every iteration."""
+    """Serve the requests on `deployment`; every request's token times, and (`record`) every iteration.
+    `held_share`: each token after the first is held back by the front end with this probability (drawn per
+    request and position from `seed` alone, so every rate of a goodput search holds the same tokens)."""
     rng = np.random.default_rng(seed)
+    holds = np.random.default_rng((seed, 1))
     requests = [
-        Request(i, float(a), int(p), max(1, int(o)))
+        Request(i, float(a), int(p), max(1, int(o)), held=_held(holds, int(o), held_share))
         for i, (a, p, o) in enumerate(zip(arrival_s, prompt_tokens, output_tokens))
     ]
     by_arrival = sorted(requests, key=lambda r: r.arrival_s)
@@ -208,6 +238,13 @@ def serve(
     for engine in decode:
         engine.run_out()
     return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+
+
+def _held(rng: np.random.Generator, output_tokens: int, share: float) -> frozenset[int]:
+    if share <= 0:
+        return frozenset()
+    draws = rng.random(max(output_tokens, 1))
+    return frozenset(int(position) for position in np.flatnonzero(draws < share) if position >= 1)
 
 
 @dataclass

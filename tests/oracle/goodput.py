@@ -29,13 +29,22 @@ class Traffic:
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
+    held_share: float = 0.0  # tokens the front end holds back a step (the text's, not the layout's)
 
     def at(self, rate_per_s: float) -> np.ndarray:
         return self.arrival_s / rate_per_s
 
 
 def attainment(deployment: Deployment, traffic: Traffic, rate_per_s: float, physics: Physics, slo: Slo) -> float:
-    run = serve(deployment, traffic.at(rate_per_s), traffic.prompt_tokens, traffic.output_tokens, physics, record=False)
+    run = serve(
+        deployment,
+        traffic.at(rate_per_s),
+        traffic.prompt_tokens,
+        traffic.output_tokens,
+        physics,
+        record=False,
+        held_share=traffic.held_share,
+    )
     return run.attainment(slo.ttft_s, slo.itl_s, slo.itl_stat)
 
 

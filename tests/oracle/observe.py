@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.oracle.cases import CASES, THROTTLED, Case, Expected, expected, gpu_cases, gpu_open_cases, traffic, truth
+from tests.oracle.cases import CASES, HELD_TEXT, THROTTLED, Case, Expected, expected, gpu_cases, gpu_open_cases, traffic, truth
 from tests.oracle.engine import Deployment, Run, serve
 
 TRUTH_REQUESTS = 200
@@ -25,13 +25,13 @@ class Observed:
 
 def observe(name: str, seed: int, margin: float) -> Observed:
     """The truth for case `name` at workload seed `seed`, and a traced run of its current deployment."""
-    case = (
-        THROTTLED
-        if name == THROTTLED.name
-        else CASES[name]
-        if name in CASES
-        else {**gpu_cases(), **gpu_open_cases()}[name]
-    )
+    case = {
+        THROTTLED.name: THROTTLED,
+        HELD_TEXT.name: HELD_TEXT,
+        **CASES,
+        **gpu_cases(),
+        **gpu_open_cases(),
+    }[name]
     table = truth(case, seed, TRUTH_REQUESTS)
     verdict = expected(case, table, margin)
     current_goodput = table[case.current.name][1] * case.current.gpus
@@ -47,5 +47,6 @@ def observe(name: str, seed: int, margin: float) -> Observed:
         case.physics,
         noise_sigma=NOISE_SIGMA,
         seed=seed,
+        held_share=seen.held_share,
     )
     return Observed(case, seed, table, verdict, run, rate)

@@ -192,7 +192,12 @@ def write_full(
         }
         if len(gaps):
             root_attrs.update(
-                {v.ATTR_ITL_P99_S: r.itl_s("p99"), v.ATTR_ITL_MAX_S: r.itl_s("max"), v.ATTR_ITL_MEAN_S: r.itl_s("mean")}
+                {
+                    v.ATTR_ITL_P99_S: r.itl_s("p99"),
+                    v.ATTR_ITL_MAX_S: r.itl_s("max"),
+                    v.ATTR_ITL_MEAN_S: r.itl_s("mean"),
+                    v.ATTR_ITL_JOINED_TOKENS: r.joined_tokens,
+                }
             )
         spans.append(
             _span(trace, root, "", f"{v.ROOT_SPAN_PREFIX} {MODEL}", v.KIND_SERVER, r.arrival_s, r.end_s, root_attrs)
@@ -262,9 +267,9 @@ def write_full(
                 {
                     **decode_where,
                     v.ATTR_OUTPUT_TOKENS: r.output_tokens,
-                    v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50"),
-                    v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99"),
-                    v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max"),
+                    v.ATTR_DECODE_ITL_P50_S: r.itl_s("p50", client=False),
+                    v.ATTR_DECODE_ITL_P99_S: r.itl_s("p99", client=False),
+                    v.ATTR_DECODE_ITL_MAX_S: r.itl_s("max", client=False),
                 },
             )
             spans.append(decode)

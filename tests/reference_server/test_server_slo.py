@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from tests.reference_server.server_harness import Server, wait_for
+from tests.reference_server.server_harness import Server, sse_events, wait_for
 from tracer import spans as s
 from tracer.vocabulary import SloObjective
 
@@ -44,3 +44,33 @@ def test_the_router_marks_a_request_that_missed_an_objective_and_one_that_met_bo
     on_time = _root(server, meeting).attributes
     assert on_time[s.ATTR_SLO_VIOLATED] is False and s.ATTR_SLO_MISSED not in on_time
     assert on_time[s.ATTR_OUTPUT_TOKENS] == 1
+
+
+def test_the_root_span_counts_the_tokens_the_client_got_in_one_event_with_the_one_before(server):
+    # A byte-level tokenizer's text: a sampled lead byte of a multi-byte character is held back until the
+    # next byte, so the client gets both in one event. The client counts them from the token ids each event
+    # carries; the root span must say the same number.
+    trace_id = secrets.token_hex(16)
+    status, body, _ = server.complete(
+        {
+            "prompt": "hello there",
+            "max_tokens": 64,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 1.0,
+            "seed": 7,
+            "return_token_ids": True,
+        },
+        headers={"traceparent": f"00-{trace_id}-{'1' * 16}-01"},
+    )
+    assert status == 200
+    per_event = [len(ids) for ids in _token_ids_per_event(sse_events(body)) if ids]
+    assert sum(per_event) == 64
+    joined_by_client = sum(count - 1 for count in per_event)
+    assert joined_by_client > 0, "no held text in 64 sampled bytes: the test proves nothing"
+    root = _root(server, trace_id).attributes
+    assert root[s.ATTR_ITL_JOINED_TOKENS] == joined_by_client
+
+
+def _token_ids_per_event(events: list) -> list[list[int]]:
+    return [e["choices"][0].get("token_ids") or [] for e in events if isinstance(e, dict) and e.get("choices")]

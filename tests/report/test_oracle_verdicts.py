@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.oracle.cases import CASES, gpu_cases
+from tests.oracle.cases import CASES, HELD_TEXT, gpu_cases
 from tests.oracle.metrics_capture import write_vllm_metrics
 from tests.oracle.observe import Observed
 from tests.oracle.through_sidecar import write_via_sidecars
 from tests.report.conftest import oracle_options
 from tracer.report.build import Report, build_report
-from tracer.vocabulary import Mode, Verdict
+from tracer.vocabulary import ATTR_ITL_JOINED_TOKENS, Mode, Verdict
 
 MARGIN = 0.15
 SEEDS = (1, 2, 3)
@@ -89,6 +89,27 @@ def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_trace
     slo = seen.case.slo
     truth = seen.run.attainment(slo.ttft_s, slo.itl_s, slo.itl_stat)
     assert report.measured.attainment == pytest.approx(truth, abs=0.05)
+
+
+# A front end that holds back a fifth of the tokens' text (tests/oracle/cases.py HELD_TEXT): the client's gap
+# before such a token's event spans two steps. Our traces count those tokens on the request span; the report
+# must price them (the truly best budget is 64; one step of 128 tokens fits the SLO, two do not).
+@pytest.mark.parametrize("seed", SEEDS[:2])
+def test_text_the_front_end_holds_back_is_priced_into_every_layout(oracle_traces, seed, tmp_path):
+    seen, full, _ = oracle_traces(HELD_TEXT.name, seed, MARGIN)
+    report = build_report([full], oracle_options(seen))
+    _assert_matches_the_truth(seen, report)
+    assert report.chunk_budget_tokens == seen.expected.best.budget_tokens == 64, _table(seen, report)
+    requests = [r for r in seen.run.requests if r.output_tokens > 1]
+    held_share = sum(r.joined_tokens for r in requests) / sum(r.output_tokens - 1 for r in requests)
+    assert report.fits["stream"]["joined_token_share"] == pytest.approx(held_share, abs=1e-9)
+    assert any(line.startswith("streaming: ") for line in report.evidence), report.evidence
+    # The same traces without the count: the model streams every token by itself, predicts goodputs the
+    # deployment cannot reach, and its own check against the measured gaps refuses the verdict.
+    blind = tmp_path / "no-joined-count.jsonl"
+    blind.write_text(full.read_text().replace(f'"{ATTR_ITL_JOINED_TOKENS}"', '"unused.attribute"'))
+    unaware = build_report([blind], oracle_options(seen))
+    assert unaware.verdict == Verdict.INSUFFICIENT_DATA, _table(seen, unaware)
 
 
 def _oracle_gap_stats(seen: Observed, stat: str) -> np.ndarray:

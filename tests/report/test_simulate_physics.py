@@ -4,6 +4,7 @@
 - a request that becomes ready while a step is in flight (an arrival, or a KV cache landing on a busy
   decode worker) waits for that step: its TTFT holds the step's residual;
 - the router's placement: least outstanding (the reference router's rule), round-robin, session-sticky;
+- text held back by the front end (a token's text sent with the next token's) joins the client's gaps;
 - past the largest batch the step fit saw, no request costs less than the marginal cost measured at the
   largest batches, and the report says it extrapolated.
 """
@@ -95,6 +96,48 @@ def test_a_kv_cache_landing_mid_step_waits_for_the_decode_step_in_flight():
     assert sim.token_gaps[1] == pytest.approx([0.01, 0.01])
     assert sim.ttft_s == pytest.approx([r.ttft_s for r in oracle.requests])
     assert sim.itl_max_s == pytest.approx([r.itl_s("max") for r in oracle.requests])
+
+
+# ------------------------------------------------------------------------------ text held back
+
+
+def _held_both(share: float, seed: int = 0):
+    """(oracle run, simulated result) of 120 steady requests on one colocated worker whose front end holds
+    back each token's text with probability `share` (oracle and simulator each draw their own, by `seed`)."""
+    n = 120
+    arrival, prompt, output = np.arange(n) * 0.25, np.full(n, 200), np.full(n, 60)
+    deployment = Deployment("colocated", workers=1)
+    oracle = serve(deployment, arrival, prompt, output, PHYSICS, seed=seed, held_share=share)
+    work = Workload(arrival, prompt, np.zeros(n, dtype=np.int64), output)
+    costs = Costs(_costs(PHYSICS).step, _costs(PHYSICS).transfer, joined_token_share=share)
+    return oracle, simulate(_layout(deployment), work, costs, seed=seed, record=True)
+
+
+def test_a_token_held_back_until_the_last_makes_one_gap_of_the_whole_decode():
+    # Every token held: the client gets the first token, then everything else in one event with the last.
+    oracle, sim = _held_both(1.0)
+    for stat, predicted in (("max", sim.itl_max_s), ("p99", sim.itl_p99_s), ("mean", sim.itl_mean_s)):
+        assert predicted == pytest.approx([r.itl_s(stat) for r in oracle.requests], abs=1e-9), stat
+    decode_s = oracle.requests[0].token_s[-1] - oracle.requests[0].first_token_s
+    assert sim.itl_max_s[0] == pytest.approx(decode_s)
+    assert sim.token_gaps[0] == pytest.approx(oracle.requests[0].client_gaps_s)
+    assert sorted(sim.token_gaps[0])[:-1] == [0.0] * 58
+
+
+def test_a_share_of_held_tokens_stretches_the_clients_gaps_as_the_oracles_front_end_does():
+    # A quarter held, drawn independently by each, over four draws (the requests running together share
+    # their prefill steps, so one draw's mean moves by a few percent): the per-request p99 and max of what
+    # the client saw agree on average (runs of held tokens make gaps of two, three... steps), well over the
+    # engine's own.
+    runs = [_held_both(0.25, seed) for seed in range(4)]
+    for stat in ("max", "p99"):
+        truth = np.mean([[r.itl_s(stat) for r in oracle.requests] for oracle, _ in runs])
+        engine = np.mean([[r.itl_s(stat, client=False) for r in oracle.requests] for oracle, _ in runs])
+        predicted = np.mean([sim.itl(stat) for _, sim in runs])
+        assert truth > 1.2 * engine, stat
+        assert predicted == pytest.approx(truth, rel=0.06), stat
+    for oracle, sim in runs:
+        assert sim.itl_mean_s == pytest.approx([r.itl_s("mean") for r in oracle.requests], abs=1e-9)
 
 
 # ------------------------------------------------------------------------------ the router

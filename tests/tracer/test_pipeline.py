@@ -100,7 +100,7 @@ def test_one_request_across_router_and_worker_has_the_contract_structure(traced)
         request_id="req-1",
         input_tokens=100,
         output_tokens=5,
-        token_gap_s=array("d", [0.01, 0.01, 0.07, 0.01]),
+        token_gap_s=array("d", [0.02, 0.0, 0.07, 0.01]),  # token 2's text came with token 3
     )
     router.shutdown(1.0)
     worker.shutdown(1.0)
@@ -110,6 +110,7 @@ def test_one_request_across_router_and_worker_has_the_contract_structure(traced)
     assert root.kind == SpanKind.SERVER and root.parent.span_id == 0x1234
     assert root.attributes[s.ATTR_MODE] == "colocated" and root.attributes[s.ATTR_REQUEST_ID] == "req-1"
     assert root.attributes[s.ATTR_TTFT_S] == pytest.approx(0.052)
+    assert root.attributes[s.ATTR_ITL_JOINED_TOKENS] == 1 and root.attributes[s.ATTR_ITL_MAX_S] == pytest.approx(0.07)
     for name in (s.SPAN_QUEUE, s.SPAN_PREFILL, s.SPAN_DECODE):
         span = spans[name]
         assert span.context.trace_id == root.context.trace_id

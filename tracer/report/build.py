@@ -352,7 +352,11 @@ def report_from_data(data: TraceData, options: ReportOptions) -> Report:
     frontend_s = _frontend_s(requests)
     if frontend_s > 0:
         found.evidence.append(prose.frontend_line(frontend_s))
-    costs = Costs(step_fit.costs, found.transfer, frontend_s)
+    joined_share, joined_requests = _joined_token_share(requests)
+    if joined_share > 0:
+        found.evidence.append(prose.joined_tokens_line(joined_share, joined_requests))
+    found.fits["stream"] = {"frontend_s": frontend_s, "joined_token_share": joined_share, "requests": joined_requests}
+    costs = Costs(step_fit.costs, found.transfer, frontend_s, joined_share)
     params = EngineParams(
         max_running_requests=options.max_batch,
         max_prefill_tokens_per_step=options.max_prefill_tokens_per_step,
@@ -872,6 +876,17 @@ def _frontend_s(requests: RequestTable) -> float:
     rest = requests.ttft_s - requests.queue_s - requests.prefill_s - transfer
     rest = rest[~np.isnan(rest) & ~requests.failed]
     return float(max(0.0, np.median(rest))) if len(rest) else 0.0
+
+
+def _joined_token_share(requests: RequestTable) -> tuple[float, int]:
+    """The share of gaps the client saw as 0 (a token in one stream event with the one before;
+    `splitscope.itl_joined_tokens`) over the served requests that state it, and how many state it.
+    (0.0, 0) when none does (stock vLLM spans): the model then streams every token by itself."""
+    known = ~requests.failed & ~np.isnan(requests.itl_joined_tokens) & (requests.output_tokens > 1)
+    gaps = float((requests.output_tokens[known] - 1).sum())
+    if not gaps:
+        return 0.0, 0
+    return float(requests.itl_joined_tokens[known].sum()) / gaps, int(known.sum())
 
 
 def model_check(

@@ -329,6 +329,14 @@ def frontend_line(frontend_s: float) -> str:
     return f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request"
 
 
+def joined_tokens_line(share: float, requests: int) -> str:
+    return (
+        f"streaming: {share:.1%} of tokens reached the client in one event with the token before (text held "
+        f"back for an incomplete character or a stop string; {requests} requests), so the gap before that event "
+        "spans two steps; every simulated layout streams the same share"
+    )
+
+
 NO_QUANTILE_MISSES = "no quantile misses to correct the model by: the misses that matter are unexplained"
 LOWER_OF_BOOTSTRAPS = " (the lower of the bootstrap at the measured and at the corrected SLO)"
 

@@ -145,6 +145,10 @@ class Costs:
     # What a request spends outside the engine before its first token reaches the client (router hop,
     # tokenisation, streaming): added to TTFT and end-to-end as measured, not modelled.
     frontend_s: float = 0.0
+    # The measured share of tokens the client gets in one stream event with the token before
+    # (`splitscope.itl_joined_tokens`: text held back for an incomplete character, a possible stop string):
+    # each such token's gap joins the gap before it, so that gap spans two steps or more. Drawn per token.
+    joined_token_share: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -622,9 +626,11 @@ def _gap_stats(
     p99_out: np.ndarray,
     max_out: np.ndarray,
     mean_out: np.ndarray,
+    joined: np.ndarray | None = None,
 ) -> None:
     """Per-request gap p99 (numpy's linear interpolation), max and mean for requests decoded on one worker,
-    vectorised: request r's gaps are [ends[first] - first_token[r]] + diff(ends[first..last])."""
+    vectorised: request r's gaps are [ends[first] - first_token[r]] + diff(ends[first..last]). `joined`
+    ([requests, width] bool, `joined_tokens`): tokens the client got with the one before (gap 0)."""
     counts = bounds[:, 1] - bounds[:, 0] + 1
     width = int(counts.max())
     step_gaps = np.diff(ends, prepend=ends[0])
@@ -634,6 +640,8 @@ def _gap_stats(
     matrix = np.empty((len(members), width))
     matrix[:, 0] = ends[bounds[:, 0]] - first_token[members]
     matrix[:, 1:] = np.where(valid, step_gaps[np.minimum(index, len(ends) - 1)], -np.inf)
+    if joined is not None:
+        _join_gaps(matrix, joined & np.concatenate((np.zeros((len(members), 1), bool), valid), axis=1))
     rank = 0.99 * (counts - 1)  # position of p99 in the ascending order of each request's gaps
     top = int((counts - np.floor(rank)).max())  # the p99 lies among each row's `top` largest gaps
     top = min(top, width)
@@ -645,6 +653,32 @@ def _gap_stats(
     p99_out[members] = below + (rank - np.floor(rank)) * (above - below)
     max_out[members] = largest[:, -1]
     mean_out[members] = (ends[bounds[:, 1]] - first_token[members]) / counts
+
+
+_JOINS_STREAM = 0x4A0  # seeds the joined-token draws apart from the step noise's
+
+
+def joined_tokens(rng: np.random.Generator, requests: int, width: int, share: float) -> np.ndarray | None:
+    """Which of each request's first `width` gaps the client saw joined to the gap before ([requests, width]
+    bool, column 0 never: the first decode token's own gap), each token by itself with probability
+    `share`; None when `share` is 0. Draws requests * width uniforms in one call."""
+    if share <= 0 or width < 2:
+        return None
+    joined = rng.random((requests, width)) < share
+    joined[:, 0] = False
+    return joined
+
+
+def _join_gaps(gaps: np.ndarray, joined: np.ndarray) -> None:
+    """In place: a joined gap moves into the gap before it and becomes 0, as the router records a token that
+    came with the one before; a run of joined tokens adds up into the gap that opens it. Vectorised: each
+    unjoined gap opens a group (column 0 always does, so no group crosses a row), and a group's sum lands on
+    its opening gap."""
+    opens = ~joined
+    opens[:, 0] = True
+    group = np.cumsum(opens.ravel()) - 1
+    sums = np.bincount(group, weights=gaps.ravel())
+    gaps[:] = np.where(opens, sums[group].reshape(gaps.shape), 0.0)
 
 
 # ------------------------------------------------------------------------------------------ simulation
@@ -677,14 +711,20 @@ def simulate(
         _serve_disaggregated(run, layout)
     itl_p50, itl_p99, itl_max, itl_mean = (np.zeros(run.n) for _ in range(4))
     e2e = run.first_token - run.arrival
+    joins_rng = np.random.default_rng((seed, _JOINS_STREAM))  # its own stream: noise draws stay as they were
+    joined_of: dict[int, np.ndarray] = {}  # request -> its joined tokens, for `_record`
     for worker, ends in run.decode_step_ends.items():
         members = np.array(
             [r for r, w in enumerate(run.decode_worker) if w == worker and r in run.decode_span], dtype=np.int64
         )
         if len(members):
             bounds = np.array([run.decode_span[int(r)] for r in members], dtype=np.int64)
-            _gap_stats(members, bounds, ends, run.first_token, itl_p99, itl_max, itl_mean)
+            width = int((bounds[:, 1] - bounds[:, 0]).max()) + 1
+            joined = joined_tokens(joins_rng, len(members), width, costs.joined_token_share)
+            _gap_stats(members, bounds, ends, run.first_token, itl_p99, itl_max, itl_mean, joined)
             e2e[members] = ends[bounds[:, 1]] - run.arrival[members]
+            if record and joined is not None:
+                joined_of.update(zip(members.tolist(), joined))
     result = SimResult(
         layout,
         run.first_token - run.arrival + costs.frontend_s,
@@ -699,7 +739,7 @@ def simulate(
     if slo is not None:
         result.attainment = result.attainment_for(slo)
     if record:
-        _record(run, result, e2e)
+        _record(run, result, e2e, joined_of)
     return result
 
 
@@ -970,12 +1010,15 @@ def _serve_disaggregated(run: _Run, layout: Layout) -> None:
     run.keep_decode_steps(decode)
 
 
-def _record(run: _Run, result: SimResult, e2e: np.ndarray) -> None:
+def _record(run: _Run, result: SimResult, e2e: np.ndarray, joined_of: dict[int, np.ndarray]) -> None:
     """Exact per-request gaps, medians, steps and stage timelines for the trace writer; slow, once per trace."""
     gaps_all = [np.empty(0)] * run.n
     for request, span in run.decode_span.items():
         ends = run.decode_step_ends[int(run.decode_worker[request])][span[0] : span[1] + 1]
         gaps_all[request] = np.diff(ends, prepend=run.first_token[request])
+        if request in joined_of:
+            gaps = gaps_all[request][None, :]
+            _join_gaps(gaps, joined_of[request][None, : gaps.shape[1]])
         result.itl_p50_s[request] = np.median(gaps_all[request])
     decode_start = np.array(
         [

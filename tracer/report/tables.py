@@ -43,6 +43,7 @@ class _RequestKeys:
     output_tokens: str
     ttft_s: str
     itl_p99_max_mean_s: tuple[str, str, str]
+    itl_joined_tokens: str
     default_mode: str
 
 
@@ -51,6 +52,7 @@ _OUR_REQUEST_KEYS = _RequestKeys(
     s.ATTR_OUTPUT_TOKENS,
     s.ATTR_TTFT_S,
     (s.ATTR_ITL_P99_S, s.ATTR_ITL_MAX_S, s.ATTR_ITL_MEAN_S),
+    s.ATTR_ITL_JOINED_TOKENS,
     "",
 )
 # vLLM's span names no mode: the sidecar's stage spans carry its `--mode` (else colocated, `request_table`).
@@ -59,6 +61,7 @@ _VLLM_REQUEST_KEYS = _RequestKeys(
     vllm.ATTR_COMPLETION_TOKENS,
     vllm.ATTR_TTFT,
     ("", "", ""),
+    "",
     "",
 )
 POOLS = tuple(Pool)
@@ -83,6 +86,8 @@ class RequestTable:
     itl_p99_s: np.ndarray
     itl_max_s: np.ndarray
     itl_mean_s: np.ndarray
+    # Tokens the client got in one event with the token before (`splitscope.itl_joined_tokens`); NaN: unknown.
+    itl_joined_tokens: np.ndarray
     queue_s: np.ndarray
     prefill_s: np.ndarray
     transfer_s: np.ndarray
@@ -384,6 +389,7 @@ def _take_request_span(
         span.status_code == STATUS_ERROR or s.ATTR_ERROR_TYPE in attrs,
         _number(span, keys.ttft_s, where, False),
         *(_number(span, key, where, False) if key else _NAN for key in keys.itl_p99_max_mean_s),
+        _number(span, keys.itl_joined_tokens, where, False) if keys.itl_joined_tokens else _NAN,
         str(attrs.get(s.ATTR_MODE, keys.default_mode)),
     )
     if keys is _VLLM_REQUEST_KEYS:
@@ -408,7 +414,7 @@ def _join_disaggregated_halves(one: tuple, other: tuple) -> tuple:
         decode[3],
         prefill[4] or decode[4],
         ttft_s,
-        *decode[6:9],
+        *decode[6:10],
         Mode.DISAGGREGATED,
     )
 
@@ -440,6 +446,7 @@ def request_table(requests: dict[str, RequestSpans]) -> RequestTable:
             "itl_p99_s",
             "itl_max_s",
             "itl_mean_s",
+            "itl_joined_tokens",
             "queue_s",
             "prefill_s",
             "transfer_s",
@@ -465,12 +472,13 @@ def request_table(requests: dict[str, RequestSpans]) -> RequestTable:
     decode_worker = np.full(n, "", dtype=object)
     mode = np.full(n, "", dtype=object)
     for i, r in enumerate(rows):
-        start, end, inp, out, err, ttft, p99, mx, mean, m = r.root  # type: ignore[misc]
+        start, end, inp, out, err, ttft, p99, mx, mean, joined, m = r.root  # type: ignore[misc]
         ints["arrival_ns"][i], ints["end_ns"][i] = start, end
         ints["input_tokens"][i], ints["output_tokens"][i] = inp, out
         # An engine's request span names no mode: its sidecar's stage spans do (else colocated).
         failed[i], mode[i] = err, m or r.stage_mode or (Mode.COLOCATED if r.engine_request else "")
         col["itl_p99_s"][i], col["itl_max_s"][i], col["itl_mean_s"][i] = p99, mx, mean
+        col["itl_joined_tokens"][i] = joined
         col["queue_s"][i] = r.queue
         first_token_ns = None
         if r.prefill is not None:
