@@ -13,6 +13,7 @@ Pure computation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -55,6 +56,36 @@ def fit_nonnegative(features: np.ndarray, target: np.ndarray, weights: np.ndarra
     return LinearFit(coefficients, 1.0 - residual / total if total > 0 else 1.0, n)
 
 
+class NormalEquations:
+    """`fit_nonnegative` of many targets on one design, each in O(rows x columns): the design's Gram matrix is
+    formed once (columns scaled to unit weighted norm, so context tokens and tokens^2 sit beside a constant
+    without losing precision), and each target costs one product with the design. The bootstrap refits a
+    million step spans twenty times; through `lstsq` each refit took 0.2 s."""
+
+    def __init__(self, design: np.ndarray, weights: np.ndarray | None) -> None:
+        w = np.ones(len(design)) if weights is None else np.asarray(weights, dtype=float)
+        self._active = [j for j in range(design.shape[1]) if np.any(design[:, j] != 0)]
+        norms = np.sqrt(w @ (design * design))
+        self._scale = np.where(norms > 0, norms, 1.0)
+        scaled = design / self._scale
+        self._weighted_t = (scaled * w[:, None]).T  # columns x rows
+        self._gram = self._weighted_t @ scaled
+
+    def solve(self, target: np.ndarray) -> np.ndarray:
+        """Coefficients of `target` (one per design column): non-negative, a column dropped while its
+        coefficient comes out negative, as `fit_nonnegative` does."""
+        moment = self._weighted_t @ target
+        active = list(self._active)
+        coefficients = np.zeros(len(self._scale))
+        while active:
+            solution = np.linalg.solve(self._gram[np.ix_(active, active)], moment[active])
+            if not np.any(solution < 0):
+                coefficients[active] = solution
+                break
+            active.remove(active[int(np.argmin(solution))])
+        return coefficients / self._scale
+
+
 @dataclass(frozen=True)
 class StepFit:
     costs: StepCosts
@@ -86,6 +117,11 @@ class StepFit:
     # `predict_attainment` multiply simulated steps by. None: not measured (estimated fits: lognormal).
     noise: StepNoise | None = field(default=None, repr=False)
 
+    @cached_property
+    def _normal_equations(self) -> NormalEquations:
+        assert self.design is not None  # only `resampled` asks, after checking
+        return NormalEquations(self.design, self.weights)
+
     def resampled(self, rng: np.random.Generator) -> StepCosts:
         """Costs refitted on fitted values plus residuals drawn with replacement (a residual bootstrap),
         the slope past the largest batch seen re-measured on the same draw (so the bootstrap's spread
@@ -97,8 +133,8 @@ class StepFit:
         # A residual stands for as many steps as its row: draw it that much more often.
         p = None if self.weights is None else self.weights / self.weights.sum()
         target = fitted + rng.choice(residuals, len(residuals), p=p)
-        refit = fit_nonnegative(self.design, target, self.weights)
-        costs = replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit.coefficients))))
+        refit = self._normal_equations.solve(target)
+        costs = replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit))))
         if costs.max_batch_seen <= 0:
             return costs
         if costs.roofline_knee_tokens > 0:

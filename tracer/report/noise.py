@@ -120,6 +120,9 @@ def measure_step_noise(
     return StepNoise(by_kind, kind_weights, lag1, pairs, block)
 
 
+_DRAW_BATCH = 4096
+
+
 class NoiseDraws:
     """One simulation's time factors, seeded. Steps: from `measured` where its kind has residuals enough,
     else lognormal(0, `sigma`); transfers: lognormal(0, `sigma`). Each worker keeps its own position in
@@ -137,6 +140,10 @@ class NoiseDraws:
                     self._kinds[kind] = (np.exp(values), None if w is None else np.cumsum(w))
         # (worker, kind) -> [next index, steps left in its block]
         self._cursor: dict[tuple[int, str], list[int]] = {}
+        # Draws made _DRAW_BATCH at a time (a million steps one numpy call each took seconds): kind -> indices
+        # not yet used, and transfer factors likewise; popped from the end.
+        self._indices: dict[str, list[int]] = {}
+        self._lognormals: list[float] = []
 
     def step(self, worker: int, prefill_tokens: int, decode_requests: int) -> float:
         kind = step_kind(prefill_tokens, decode_requests)
@@ -145,21 +152,32 @@ class NoiseDraws:
             return self.wire()  # the fit's lognormal spread
         factors, cumulative = drawn
         if self._block == 1:
-            return float(factors[self._index(len(factors), cumulative)])
+            return float(factors[self._index(kind, len(factors), cumulative)])
         cursor = self._cursor.setdefault((worker, kind), [0, 0])
         if cursor[1] == 0:
-            cursor[0], cursor[1] = self._index(len(factors), cumulative), self._block
+            cursor[0], cursor[1] = self._index(kind, len(factors), cumulative), self._block
         factor = float(factors[cursor[0]])
         cursor[0] = (cursor[0] + 1) % len(factors)
         cursor[1] -= 1
         return factor
 
-    def _index(self, n: int, cumulative: np.ndarray | None) -> int:
-        """A residual's index, each as likely as the steps it stands for."""
-        if cumulative is None:
-            return int(self._rng.integers(0, n))
-        return min(n - 1, int(np.searchsorted(cumulative, self._rng.random() * cumulative[-1], side="right")))
+    def _index(self, kind: str, n: int, cumulative: np.ndarray | None) -> int:
+        """A residual's index of `kind`, each as likely as the steps it stands for."""
+        left = self._indices.get(kind)
+        if not left:
+            if cumulative is None:
+                drawn = self._rng.integers(0, n, _DRAW_BATCH)
+            else:
+                drawn = np.searchsorted(cumulative, self._rng.random(_DRAW_BATCH) * cumulative[-1], side="right")
+                np.minimum(drawn, n - 1, out=drawn)
+            left = self._indices[kind] = drawn.tolist()
+        return left.pop()
 
     def wire(self) -> float:
-        """A transfer's factor: lognormal(0, sigma), 1 without a spread."""
-        return float(self._rng.lognormal(0.0, self._sigma)) if self._sigma > 0 else 1.0
+        """A transfer's factor (and a step's of a kind without residuals): lognormal(0, sigma), 1 without a
+        spread."""
+        if self._sigma <= 0:
+            return 1.0
+        if not self._lognormals:
+            self._lognormals = self._rng.lognormal(0.0, self._sigma, _DRAW_BATCH).tolist()
+        return self._lognormals.pop()
