@@ -241,7 +241,7 @@ def _lines(
                             s.ATTR_STEP_PREFILL_TOKENS: log.prefill_tokens[i],
                             s.ATTR_STEP_CONTEXT_TOKENS: log.context_tokens[i],
                             ATTR_STEP_PREFILL_ATTENTION_TOKENS2: log.prefill_attention_tokens2[i],
-                            s.ATTR_TIMING_SOURCE: "cuda",
+                            s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
                         },
                     )
                 )
@@ -328,7 +328,7 @@ def _request_spans(
                 {
                     s.ATTR_POOL: prefill_pool,
                     s.ATTR_WORKER: p_name,
-                    s.ATTR_TIMING_SOURCE: "cuda",
+                    s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
                     s.ATTR_PREFILL_TOKENS: prompt,
                     s.ATTR_PREFILL_CACHED_TOKENS: cached,
                     s.ATTR_PREFILL_CHUNKS: int(tl["prefill_chunks"][r]),
@@ -355,7 +355,7 @@ def _request_spans(
     decode_attrs: dict[str, Any] = {
         s.ATTR_POOL: decode_pool,
         s.ATTR_WORKER: d_name,
-        s.ATTR_TIMING_SOURCE: "cuda",
+        s.ATTR_TIMING_SOURCE: s.SOURCE_HOST,
         s.ATTR_OUTPUT_TOKENS: output,
     }
     root_attrs: dict[str, Any] = {

@@ -116,9 +116,7 @@ THROTTLED = Case(
 # Medium prompts under a tight p99 gap whose front end holds back a fifth of the tokens' text (a byte-level
 # tokenizer on sampled text: a character's lead byte waits for the next): every held token makes the client's
 # gap two steps, so a chunk budget that fits the SLO in one step (128) misses it, and the budget halves.
-HELD_TEXT = Case(
-    "held-text", colocated(2), FAST, Slo(1.5, 0.06, "p99"), (500, 1500), (80, 200), held_share=0.2
-)
+HELD_TEXT = Case("held-text", colocated(2), FAST, Slo(1.5, 0.06, "p99"), (500, 1500), (80, 200), held_share=0.2)
 
 
 # GPU-shaped cases: an H200 serving Qwen3-32B with vLLM, every iteration priced from aiconfigurator's kernel

@@ -43,6 +43,9 @@ class Physics:
     # Outside any cost model: during every other `throttle_period_s`, iterations take `throttle_factor` x.
     throttle_period_s: float = 0.0
     throttle_factor: float = 1.0
+    # How this hardware's spans are timed (`splitscope.timing.source`): host for these linear, CPU-like
+    # costs; an accelerator's (gpu.py) by its events, as our tracer times a GPU.
+    timing_source: str = "host"
 
     def iteration_s(
         self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int
@@ -172,6 +175,7 @@ class Run:
     requests: list[Request]
     iterations: list[Iteration] | None
     kv_bytes_per_token: float
+    timing_source: str = "host"  # the physics' (Physics.timing_source)
 
     def attainment(self, ttft_s: float, itl_s: float, itl_stat: str) -> float:
         ok = [0 <= r.ttft_s <= ttft_s and r.end_s >= 0 and r.itl_s(itl_stat) <= itl_s for r in self.requests]
@@ -214,13 +218,13 @@ def serve(
                 pool[request.prefill_worker].give(request.arrival_s, request)
             for engine in pool:
                 engine.run_out()
-        return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+        return Run(deployment, requests, iterations, physics.kv_bytes_per_token, physics.timing_source)
 
     prefill = engines("prefill", "prefill", deployment.prefill_workers)
     decode = engines("decode", "decode", deployment.decode_workers)
     if deployment.router == "least-outstanding":
         _serve_least_outstanding(by_arrival, prefill, decode, physics, rng, noise_sigma)
-        return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+        return Run(deployment, requests, iterations, physics.kv_bytes_per_token, physics.timing_source)
     for turn, request in enumerate(by_arrival):
         request.prefill_worker = turn % deployment.prefill_workers
         prefill[request.prefill_worker].give(request.arrival_s, request)
@@ -237,7 +241,7 @@ def serve(
         decode[request.decode_worker].give(request.transfer_end_s, request)
     for engine in decode:
         engine.run_out()
-    return Run(deployment, requests, iterations, physics.kv_bytes_per_token)
+    return Run(deployment, requests, iterations, physics.kv_bytes_per_token, physics.timing_source)
 
 
 def _held(rng: np.random.Generator, output_tokens: int, share: float) -> frozenset[int]:

@@ -84,6 +84,7 @@ class GpuPhysics(Physics):
 
     table: StepTable = StepTable.load()
     kv_bytes_per_token: float = float(QWEN3_32B_KV_BYTES_PER_TOKEN)
+    timing_source: str = "cuda"
 
     def iteration_s(
         self, now_s: float, running: int, context_tokens: int, prefill_tokens: int, attention_tokens2: int

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tests.oracle.cases import CASES, HELD_TEXT, THROTTLED, Case, Expected, expected, gpu_cases, gpu_open_cases, traffic, truth
+from tests.oracle.cases import (
+    CASES,
+    HELD_TEXT,
+    THROTTLED,
+    Case,
+    Expected,
+    expected,
+    gpu_cases,
+    gpu_open_cases,
+    traffic,
+    truth,
+)
 from tests.oracle.engine import Deployment, Run, serve
 
 TRUTH_REQUESTS = 200

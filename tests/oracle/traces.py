@@ -205,7 +205,7 @@ def write_full(
         where = {
             v.ATTR_POOL: prefill_pool,
             v.ATTR_WORKER: f"{prefill_pool}-{r.prefill_worker}",
-            v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+            v.ATTR_TIMING_SOURCE: run.timing_source,
         }
         spans.append(
             _span(trace, ids.span(), root, v.SPAN_QUEUE, v.KIND_INTERNAL, r.arrival_s, r.prefill_start_s, where)
@@ -254,7 +254,7 @@ def write_full(
             decode_where = {
                 v.ATTR_POOL: decode_pool,
                 v.ATTR_WORKER: f"{decode_pool}-{r.decode_worker}",
-                v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+                v.ATTR_TIMING_SOURCE: run.timing_source,
             }
             decode = _span(
                 trace,
@@ -312,7 +312,7 @@ def write_full(
                 {
                     v.ATTR_POOL: it.pool,
                     v.ATTR_WORKER: f"{it.pool}-{it.worker}",
-                    v.ATTR_TIMING_SOURCE: v.SOURCE_CUDA,
+                    v.ATTR_TIMING_SOURCE: run.timing_source,
                     v.ATTR_STEP_DECODE_REQUESTS: it.running,
                     v.ATTR_STEP_PREFILL_TOKENS: it.prefill_tokens,
                     v.ATTR_STEP_CONTEXT_TOKENS: it.context_tokens,

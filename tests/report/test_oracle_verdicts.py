@@ -76,6 +76,28 @@ def test_gpu_shaped_costs_reach_the_oracles_exact_layout(oracle_traces, name, se
     assert any("--step-model roofline" in line for line in report.assumptions), report.assumptions
 
 
+def test_the_step_model_follows_the_traces_timing_source_when_not_told(oracle_traces):
+    # Our tracer on a GPU times stages by CUDA events; `--step-model auto` (the default) then prices steps as
+    # an accelerator's and reaches the oracle's very layout, as the operator's "roofline" does. Host-timed
+    # traces (the CPU-shaped cases) stay linear.
+    seen, full, _ = oracle_traces("gpu-chats", SEEDS[0], MARGIN)
+    report = build_report([full], oracle_options(seen, step_model="auto"))
+    told = build_report([full], oracle_options(seen))
+    assert (report.verdict, report.ratio, report.chunk_budget_tokens) == (
+        told.verdict,
+        told.ratio,
+        told.chunk_budget_tokens,
+    )
+    _assert_matches_the_truth(seen, report)
+    assert report.fits["step"] == told.fits["step"]
+    assert any(line.startswith("step model: roofline, from the traces") for line in report.assumptions)
+    host_seen, host_full, _ = oracle_traces("short-chats", SEEDS[0], MARGIN)
+    host = build_report([host_full], oracle_options(host_seen, step_model="auto"))
+    assert any(line.startswith("step model: linear, from the traces") for line in host.assumptions)
+    assert host.fits["step"]["roofline_knee_tokens"] is None
+    _assert_matches_the_truth(host_seen, host)
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_traces, name, seed):

@@ -17,7 +17,11 @@ from .sampled_traces import sample_step_spans
 
 # Stated tolerances of a fit on the sampled spans against the fit on all of them (about 1 span in 9 kept):
 PREDICTION_TOLERANCE = 0.03  # each step's predicted cycle time, relative, worst step
-COEFFICIENT_TOLERANCE = 0.10  # the terms that carry the cost: base, per decode request, per prefill token
+COEFFICIENT_TOLERANCE = 0.10  # the terms that carry the cost alone: base, per prefill token
+# The decode part (per decode request + per context token): both grow with the batch and trade against each
+# other from one sample to the next (per request moved 10-31% on some noise draws while the sum held), so
+# their sum is judged, on every decode step, against that step's predicted time.
+DECODE_PART_TOLERANCE = 0.03
 INTERFERENCE_TOLERANCE = 0.02  # the interference factor (mixed steps are all kept: nearly exact)
 
 
@@ -47,8 +51,19 @@ def test_a_weighted_fit_on_sampled_steps_matches_the_fit_on_all(sampled, name):
     # The weights account for every step: each stratum's weight sum is its step count, within one N.
     assert abs(kept.weight.sum() - len(every)) <= 2 * DEFAULT_DECODE_SAMPLE_EVERY * len(set(every.worker))
     full, thin = fit_steps(every), fit_steps(kept)
-    for term in ("base_s", "decode_s_per_request", "prefill_s_per_token"):
+    for term in ("base_s", "prefill_s_per_token"):
         assert getattr(thin.costs, term) == pytest.approx(getattr(full.costs, term), rel=COEFFICIENT_TOLERANCE), term
+    decoding = every.decode_requests > 0
+
+    def decode_part_s(costs):
+        return (
+            costs.decode_s_per_request * every.decode_requests[decoding]
+            + costs.context_s_per_token * every.context_tokens[decoding]
+        )
+
+    step_s = full.design[decoding] @ np.array([getattr(full.costs, t) for t in full.terms])
+    moved = np.abs(decode_part_s(thin.costs) - decode_part_s(full.costs)) / step_s
+    assert np.max(moved) <= DECODE_PART_TOLERANCE, float(np.max(moved))
     assert thin.interference_factor == pytest.approx(full.interference_factor, rel=INTERFERENCE_TOLERANCE)
     design = full.design
     predicted_full = design @ np.array([getattr(full.costs, t) for t in full.terms])

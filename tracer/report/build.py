@@ -110,9 +110,10 @@ class ReportOptions:
     router: str = "least-outstanding"
     # How a decode batch past the largest the step spans saw is priced (StepCosts): "linear" extrapolates
     # the fitted slopes (compute-bound hardware: a CPU); "roofline" prices it as an accelerator runs it
-    # (memory-bound until the knee, a prefill token's cost past it). The traces do not say which hardware
-    # ran them, so it is never inferred.
-    step_model: str = "linear"
+    # (memory-bound until the knee, a prefill token's cost past it); "auto": roofline when the traces' stage
+    # spans were timed by CUDA events (our tracer on a GPU), linear otherwise (host-timed spans say nothing
+    # of the hardware: an engine's adapted spans on a GPU need the operator's "roofline").
+    step_model: str = "auto"
     # "Why requests missed the SLO" (why.py): explain the missing requests' stalls and TTFT parts. It
     # reads the trace files a second time through the generic span reader (2-3x the report's own read), so
     # None (auto) builds it only up to WHY_MISSED_AUTO_MAX_BYTES of traces; True always, False never.
@@ -688,16 +689,25 @@ def _step_costs(
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
         assumptions.append(prose.fitted_steps_line(int(data.steps.decode_requests.max())))
-        return fit_steps(data.steps, options.step_model)
+        return fit_steps(data.steps, _step_model(data, options, assumptions))
     estimate = estimate_chunked_steps if chunked else estimate_steps
     step_fit = estimate(data.requests) if len(data.requests) else None
     if step_fit is None:
         missing.append(prose.no_step_costs_line(len(data.steps), options.min_steps))
     else:
         assumptions.append(prose.estimated_steps_line(len(data.steps), chunked))
-        if options.step_model == "roofline":
+        if _step_model(data, options, assumptions) == "roofline":
             step_fit = with_roofline(step_fit)
     return step_fit
+
+
+def _step_model(data: TraceData, options: ReportOptions, assumptions: list[str]) -> str:
+    """The step model asked for, or the one the traces call for (`auto`, said in an assumption)."""
+    if options.step_model != "auto":
+        return options.step_model
+    model = "roofline" if data.device_timed else "linear"
+    assumptions.append(prose.auto_step_model_line(model))
+    return model
 
 
 def _judge_windows(

@@ -88,12 +88,13 @@ from tracer.cli.options import Duration
 )
 @click.option(
     "--step-model",
-    type=click.Choice(["linear", "roofline"]),
-    default="linear",
+    type=click.Choice(["auto", "linear", "roofline"]),
+    default="auto",
     show_default=True,
     help="How decode batches larger than the traces saw are priced: linear extrapolates the fitted slopes "
     "(compute-bound hardware, a CPU); roofline prices them as a GPU runs them (memory-bound until the knee, "
-    "compute-bound past it).",
+    "compute-bound past it); auto: roofline when the stage spans were timed by CUDA events, else linear "
+    "(an engine's adapted spans are host-timed: say roofline for vLLM or SGLang on a GPU).",
 )
 @click.option(
     "--why-missed/--no-why-missed",

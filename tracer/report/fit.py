@@ -212,7 +212,7 @@ def _robust_sigma(values: np.ndarray, weights: np.ndarray) -> float:
     return 1.4826 * _weighted_median(np.abs(values - _weighted_median(values, weights)), weights)
 
 
-STEP_MODELS = ("linear", "roofline")
+STEP_MODELS = ("auto", "linear", "roofline")  # auto: chosen from the traces (build._step_model)
 ROOFLINE_MAX_KNEE_TOKENS = 65536.0  # a prefill token priced at nothing would put the knee at infinity
 
 

@@ -329,6 +329,18 @@ def frontend_line(frontend_s: float) -> str:
     return f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request"
 
 
+def auto_step_model_line(model: str) -> str:
+    if model == "roofline":
+        return (
+            "step model: roofline, from the traces (their stage spans were timed by CUDA events: an accelerator ran "
+            "them); --step-model linear to price them as a CPU's"
+        )
+    return (
+        "step model: linear, from the traces (host-timed spans: no sign of an accelerator); --step-model "
+        "roofline if a GPU ran them (an engine's adapted spans are always host-timed)"
+    )
+
+
 def joined_tokens_line(share: float, requests: int) -> str:
     return (
         f"streaming: {share:.1%} of tokens reached the client in one event with the token before (text held "

@@ -172,6 +172,9 @@ class TraceData:
     skipped_spans: int = 0
     first_skip: str | None = None
     files: list[str] = field(default_factory=list)
+    # Whether any prefill span was timed by an accelerator's events (`splitscope.timing.source` = cuda): the
+    # engine ran on a GPU, and `--step-model auto` prices its steps as one.
+    device_timed: bool = False
 
     @property
     def start_ns(self) -> int:
@@ -228,6 +231,7 @@ class RequestSpans:
         "decode",
         "stage_mode",
         "engine_request",
+        "device_timed",
     )
 
     def __init__(self) -> None:
@@ -238,6 +242,7 @@ class RequestSpans:
         self.send: float = _NAN
         self.decode: tuple | None = None
         self.stage_mode: str = ""  # `splitscope.mode` on a stage span (a sidecar's --mode)
+        self.device_timed = False  # a prefill or decode span timed by the accelerator's events (CUDA)
         self.engine_request = False  # the request span is an engine's own (vLLM's llm_request)
 
 
@@ -280,6 +285,7 @@ def load_traces(paths: Sequence[str | os.PathLike[str]], *, skip_bad: bool = Fal
         skipped_spans=skipped,
         first_skip=first_skip,
         files=[str(p) for p in paths],
+        device_timed=any(r.device_timed for r in requests.values()),
     )
 
 
@@ -329,6 +335,8 @@ def take_span(
         _request(requests, span).queue = span.duration_s
     elif name == s.SPAN_PREFILL:
         _, worker = _pool_worker(span, where, workers)
+        if span.attributes.get(s.ATTR_TIMING_SOURCE) == s.SOURCE_CUDA:
+            _request(requests, span).device_timed = True
         _request(requests, span).prefill = (
             span.start_ns,
             span.end_ns,
