@@ -12,6 +12,7 @@ Pure computation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -41,19 +42,28 @@ def fit_nonnegative(features: np.ndarray, target: np.ndarray, weights: np.ndarra
     w = np.ones(n) if weights is None else np.asarray(weights, dtype=float)
     root_w = np.sqrt(w)
     active = [j for j in range(k) if np.any(features[:, j] != 0)]
-    coefficients = np.zeros(k)
-    while active:
-        solution, *_ = np.linalg.lstsq(features[:, active] * root_w[:, None], target * root_w, rcond=None)
-        negative = [active[i] for i, value in enumerate(solution) if value < 0]
-        if not negative:
-            coefficients[active] = solution
-            break
-        worst = active[int(np.argmin(solution))]
-        active.remove(worst)
+    coefficients = _dropping_negatives(
+        active,
+        k,
+        lambda columns: np.linalg.lstsq(features[:, columns] * root_w[:, None], target * root_w, rcond=None)[0],
+    )
     predicted = features @ coefficients
     residual = float(np.sum(w * (target - predicted) ** 2))
     total = float(np.sum(w * (target - np.average(target, weights=w)) ** 2)) if n else 0.0
     return LinearFit(coefficients, 1.0 - residual / total if total > 0 else 1.0, n)
+
+
+def _dropping_negatives(active: list[int], k: int, solve: Callable[[list[int]], np.ndarray]) -> np.ndarray:
+    """The k coefficients `solve` gives on the `active` columns, the column with the most negative one dropped
+    and the rest solved again until none is negative (the dropped ones stay 0). Mutates `active`."""
+    coefficients = np.zeros(k)
+    while active:
+        solution = solve(active)
+        if not np.any(solution < 0):
+            coefficients[active] = solution
+            break
+        active.remove(active[int(np.argmin(solution))])
+    return coefficients
 
 
 class NormalEquations:
@@ -75,14 +85,11 @@ class NormalEquations:
         """Coefficients of `target` (one per design column): non-negative, a column dropped while its
         coefficient comes out negative, as `fit_nonnegative` does."""
         moment = self._weighted_t @ target
-        active = list(self._active)
-        coefficients = np.zeros(len(self._scale))
-        while active:
-            solution = np.linalg.solve(self._gram[np.ix_(active, active)], moment[active])
-            if not np.any(solution < 0):
-                coefficients[active] = solution
-                break
-            active.remove(active[int(np.argmin(solution))])
+        coefficients = _dropping_negatives(
+            list(self._active),
+            len(self._scale),
+            lambda columns: np.linalg.solve(self._gram[np.ix_(columns, columns)], moment[columns]),
+        )
         return coefficients / self._scale
 
 
