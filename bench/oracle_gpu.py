@@ -2,8 +2,7 @@
 (an H200 serving Qwen3-32B with vLLM, iterations priced from aiconfigurator's kernel tables) and each seed,
 the oracle's truth table and verdict, then the report's verdict and goodput table on the full traces of
 the oracle's traced run, and the report's step fit. Prints; asserts nothing. Runs the suite's GPU cases
-and the ones the report does not reach yet (tests/oracle/cases.py `gpu_open_cases`, which join the suite's
-oracle verdicts once it does).
+(tests/oracle/cases.py `gpu_cases`) on more seeds than the suite does.
 
     .venv/bin/python -m bench.oracle_gpu [--seeds 1 2 3] [--cases gpu-chats ...]
 
@@ -17,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.oracle.cases import gpu_cases, gpu_open_cases
+from tests.oracle.cases import gpu_cases
 from tests.oracle.observe import observe
 from tests.oracle.traces import write_full
 from tests.report.conftest import oracle_options
@@ -29,7 +28,7 @@ MARGIN = 0.15
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--cases", nargs="+", default=[*gpu_cases(), *gpu_open_cases()])
+    parser.add_argument("--cases", nargs="+", default=list(gpu_cases()))
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="oracle-gpu-"))
     for name in args.cases:

@@ -123,7 +123,9 @@ HELD_TEXT = Case("held-text", colocated(2), FAST, Slo(1.5, 0.06, "p99"), (500, 1
 # tables (tests/oracle/gpu.py): flat GEMM cost up to a knee, decode attention by KV read. Apart from CASES:
 # the report reads them with --step-model roofline (tests/report/test_oracle_verdicts.py), and the tests
 # over CASES judge things (estimated gaps, attainment, vLLM metrics) set for the linear physics.
-PRODUCTION_SLO = Slo(2.0, 0.06, "p99")
+# 70 ms, not 60: at 60 ms the truth's best budget (512) keeps the objective by 2% (its worst step is 59 ms)
+# and the best layout flips to chunks of 256 when every step costs 5% more; no verdict should hang on that.
+PRODUCTION_SLO = Slo(2.0, 0.07, "p99")
 AZURE_CONV = dict(prompt_tokens=(1, 8192), output_tokens=(2, 1024), trace="azure-conv")
 
 
@@ -142,25 +144,17 @@ def gpu_cases() -> dict[str, Case]:
         "gpu-azure-code": Case(
             "gpu-azure-code", colocated(4), gpu, Slo(2.0, 0.03, "p99"), (1, 8192), (2, 1024), trace="azure-code"
         ),
-    }
-
-
-def gpu_open_cases() -> dict[str, Case]:
-    """GPU cases the report does not reach yet (bench/oracle_gpu.py shows them; not in the suite): Azure's
-    2023 conversation trace under a 60 ms ITL, where chunked prefill at 512 wins by far (17 req/s/GPU
-    against split 3:1's 10.5, seed 1). The report's linear step fit prices a step's GEMMs as a per-step
-    cost plus a per-token cost from zero (17.9 ms + 64 us/token: 51 ms for a 512-token chunk), where the
-    GPU's are the larger of the weights' read and the arithmetic (about max(19 ms, 85 us/token): 43 ms), so
-    it finds a 512-token chunk beside decodes over the objective and tells colocated to split 3:1, and the
-    deployment already chunked at 512 (seed 1) to split too."""
-    from tests.oracle.gpu import GpuPhysics
-
-    gpu = GpuPhysics()
-    return {
+        # Production conversations (Azure's 2023 conversation trace) under a 70 ms ITL: chunked prefill at 512
+        # serves 17-19 req/s/GPU, a split 3:1 10.5-11.5, chunks of 256 10.5: ...
         "gpu-azure-conv": Case("gpu-azure-conv", colocated(4), gpu, PRODUCTION_SLO, **AZURE_CONV),
+        # ... and the same deployed chunked at 512: it stays.
         "gpu-azure-chunked": Case(
             "gpu-azure-chunked", Deployment("chunked", workers=4, budget_tokens=512), gpu, PRODUCTION_SLO, **AZURE_CONV
         ),
+        # Long documents, short answers, a loose 1 s ITL: a whole prefill beside decodes costs nothing the SLO
+        # sees (two 4k prompts in a step take 0.9 s), chunking only adds steps (+3-6% at 2048, within the
+        # margin) and a split idles its decode GPUs: stay colocated.
+        "gpu-long-loose": Case("gpu-long-loose", colocated(4), gpu, Slo(3.0, 1.0, "p99"), (2000, 4000), (100, 300)),
     }
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from tests.oracle.engine import Physics
 
 TABLE_PATH = Path(__file__).with_name("data") / "h200_qwen3_32b_vllm.json"
+# The served model's config.json, what its operator passes the report (data/qwen3_32b_config.md).
+QWEN3_32B_CONFIG = Path(__file__).with_name("data") / "qwen3_32b_config.json"
 # Qwen3-32B's KV cache in bf16: 64 layers x 8 KV heads x 128 dims x (K and V) x 2 bytes.
 QWEN3_32B_KV_BYTES_PER_TOKEN = 64 * 8 * 128 * 2 * 2
 

@@ -12,7 +12,6 @@ from tests.oracle.cases import (
     Expected,
     expected,
     gpu_cases,
-    gpu_open_cases,
     traffic,
     truth,
 )
@@ -41,7 +40,6 @@ def observe(name: str, seed: int, margin: float) -> Observed:
         HELD_TEXT.name: HELD_TEXT,
         **CASES,
         **gpu_cases(),
-        **gpu_open_cases(),
     }[name]
     table = truth(case, seed, TRUTH_REQUESTS)
     verdict = expected(case, table, margin)

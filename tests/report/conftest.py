@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.oracle.gpu import GpuPhysics
+from tests.oracle.gpu import QWEN3_32B_CONFIG, GpuPhysics
 from tests.synthetic import SYNTHETIC_ROUTER, Scenario, scenario, write_traces
 from tracer.report.build import ReportOptions
 from tracer.report.simulate import SLO
@@ -62,6 +62,8 @@ def oracle_options(seen, **overrides) -> ReportOptions:
         # How the oracle's deployment routes: an operator knows their router, and their hardware.
         router=case.current.router,
         step_model="roofline" if isinstance(case.physics, GpuPhysics) else "linear",
+        # ... and the model it serves (the GPU physics' tables price Qwen3-32B).
+        model_config=str(QWEN3_32B_CONFIG) if isinstance(case.physics, GpuPhysics) else None,
     )
     values.update(overrides)
     return ReportOptions(**values)

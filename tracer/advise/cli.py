@@ -22,6 +22,7 @@ REPORT_OPTIONS = (
     "margin",
     "router",
     "step_model",
+    "model_config",
     "sim_requests",
     "skip_bad",
 )
@@ -167,6 +168,7 @@ def _report_options(report, confidence_resamples):  # type: ignore[no-untyped-de
         confidence_resamples=confidence_resamples,
         router=report["router"],
         step_model=report["step_model"],
+        model_config=report["model_config"],
     )
 
 

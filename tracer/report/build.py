@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +53,7 @@ from tracer.report.metrics_file import (
     metrics_sources,
     read_metrics_file,
 )
+from tracer.report.model_shape import ModelShape
 from tracer.report.noise import StepNoise
 from tracer.report.simulate import (
     ROUTERS,
@@ -72,6 +75,9 @@ DEFAULT_KV_BYTES_PER_TOKEN = 131072.0  # Llama-3-8B in bf16: 2 x 32 layers x 8 K
 DEFAULT_TRANSFER_CONSTANT_S = 0.002
 DEFAULT_MAX_BATCH = EngineParams().max_running_requests
 DEFAULT_MAX_PREFILL_TOKENS_PER_STEP = EngineParams().max_prefill_tokens_per_step
+# A merge priced on steps of a kind no trace ran (prefill beside decodes, from a split's traces) must win by
+# this many margins: a decision the evidence cannot check should not ride on a margin's worth of model error.
+UNSEEN_MIX_MARGINS = 2.0
 # The why-missed section is built without being asked up to this much trace data (a second read of 100 MiB
 # takes a few seconds here; bench/report_scale.py's 630 MiB file would add about half a minute).
 WHY_MISSED_AUTO_MAX_BYTES = 100 * 2**20
@@ -118,8 +124,18 @@ class ReportOptions:
     # reads the trace files a second time through the generic span reader (2-3x the report's own read), so
     # None (auto) builds it only up to WHY_MISSED_AUTO_MAX_BYTES of traces; True always, False never.
     why_missed: bool | None = None
+    # A Hugging Face config.json of the served model (`--model-config`): with the roofline step model, the
+    # fit prices the KV read and a prompt's attention from the model's bytes and arithmetic (model_shape.py),
+    # and the KV size of a transfer comes from it when `kv_bytes_per_token` is not given.
+    model_config: str | None = None
+
+    @cached_property
+    def model_shape(self) -> ModelShape | None:
+        return ModelShape.from_hf_config(Path(self.model_config)) if self.model_config is not None else None
 
     def __post_init__(self) -> None:
+        if self.model_config is not None:
+            _ = self.model_shape  # a bad config fails here, before any trace is read
         if self.gpus is not None and self.gpus < 1:
             raise ValueError("--gpus must be at least 1")
         for name in ("link_gbps", "kv_bytes_per_token", "window_s"):
@@ -310,6 +326,16 @@ class _Findings:
     read: dict[str, Any]
     evidence: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
+
+    @property
+    def merge_margin(self) -> float:
+        """What a merge must win by: `UNSEEN_MIX_MARGINS` margins when no traced step ran prefill beside
+        decodes (a split's traces, or no step spans), since the merged pool's steps are then all extrapolation
+        (a GPU's GEMMs near their knee cost what no trace of long prompts and small batches shows)."""
+        steps = self.data.steps
+        mixed_seen = bool(np.any((steps.prefill_tokens > 0) & (steps.decode_requests > 0)))
+        return self.options.margin * (1.0 if mixed_seen else UNSEEN_MIX_MARGINS)
+
     missing: list[str] = field(default_factory=list)  # why no decision can be made at all
     engine_metrics: EngineMetrics | None = None  # --metrics-file
 
@@ -541,7 +567,16 @@ def _confidence(run: _Run) -> Confidence | None:
         return None
     largest_results, observed = run.largest[1], run.largest[2]
     decided = Decided(
-        run.final, current, largest_results, observed, step_fit, run.costs, run.slo, options.margin, run.params
+        run.final,
+        current,
+        largest_results,
+        observed,
+        step_fit,
+        run.costs,
+        run.slo,
+        options.margin,
+        run.params,
+        run.found.merge_margin,
     )
     size = RerunSize(min(options.sim_requests, RERUN_REQUESTS), min(options.sim_duration_s, RERUN_DURATION_S))
     return bootstrap(decided, options.confidence_resamples, options.seed, size)
@@ -689,16 +724,25 @@ def _step_costs(
     """The step model: fitted on step spans, else estimated from how requests overlap (said so)."""
     if len(data.steps) >= options.min_steps:
         assumptions.append(prose.fitted_steps_line(int(data.steps.decode_requests.max())))
-        return fit_steps(data.steps, _step_model(data, options, assumptions))
-    estimate = estimate_chunked_steps if chunked else estimate_steps
-    step_fit = estimate(data.requests) if len(data.requests) else None
+        model = _step_model(data, options, assumptions)
+        if model == "roofline":
+            assumptions.append(prose.roofline_shape_line(options.model_shape))
+        return fit_steps(data.steps, model, options.model_shape)
+    roofline = _step_model(data, options, assumptions) == "roofline"
+    shape = options.model_shape if roofline else None
+    if not len(data.requests):
+        step_fit = None
+    elif chunked:
+        step_fit = estimate_chunked_steps(data.requests, shape)
+    else:
+        step_fit = estimate_steps(data.requests, shape=shape)
     if step_fit is None:
         missing.append(prose.no_step_costs_line(len(data.steps), options.min_steps))
-    else:
-        assumptions.append(prose.estimated_steps_line(len(data.steps), chunked))
-        if _step_model(data, options, assumptions) == "roofline":
-            step_fit = with_roofline(step_fit)
-    return step_fit
+        return None
+    assumptions.append(prose.estimated_steps_line(len(data.steps), chunked))
+    if roofline:
+        assumptions.append(prose.roofline_shape_line(shape))
+    return with_roofline(step_fit) if roofline and not step_fit.costs.gemm_knee_tokens else step_fit
 
 
 def _step_model(data: TraceData, options: ReportOptions, assumptions: list[str]) -> str:
@@ -746,7 +790,7 @@ def _judge_windows(
             )
             for layout in layouts
         ]
-        decision = decide(current, results, options.margin)
+        decision = decide(current, results, options.margin, found.merge_margin)
         if largest is None or len(selected) > largest[0]:
             largest = (len(selected), results, observed)
         window_results.append(WindowResult(*bounds, len(selected), decision, [_option(r) for r in results], results))
@@ -793,6 +837,9 @@ def _budgets(step_fit: StepFit, slo: SLO, requests: RequestTable, data: TraceDat
 def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions: list[str]) -> TransferCosts:
     if options.kv_bytes_per_token is not None:
         per_token = options.kv_bytes_per_token
+        assumptions.append(prose.kv_bytes_line(per_token, assumed=False))
+    elif options.model_shape is not None:
+        per_token = options.model_shape.kv_bytes_per_token
         assumptions.append(prose.kv_bytes_line(per_token, assumed=False))
     elif fit is not None:
         per_token = fit.kv_bytes_per_token
@@ -992,6 +1039,10 @@ def _fits_dict(
             "decode_s_per_request_beyond": c.decode_s_per_request_beyond if c.max_batch_seen > 0 else None,
             # "roofline": past `max_batch_seen` a request costs its KV read until `roofline_knee_tokens`.
             "roofline_knee_tokens": c.roofline_knee_tokens if c.roofline_knee_tokens > 0 else None,
+            # "roofline" on step spans, pass by pass: every token a step runs past `gemm_knee_tokens` costs
+            # `prefill_s_per_token`, and a step with any prefill adds `prefill_floor_s`.
+            "gemm_knee_tokens": c.gemm_knee_tokens if c.gemm_knee_tokens > 0 else None,
+            "prefill_floor_s": c.prefill_floor_s if c.gemm_knee_tokens > 0 else None,
             # Each step kind's spread and whether consecutive steps' residuals are correlated (noise.py).
             "noise": step_fit.noise.as_json() if step_fit.noise is not None else None,
         }

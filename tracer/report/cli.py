@@ -97,6 +97,13 @@ from tracer.cli.options import Duration
     "(an engine's adapted spans are host-timed: say roofline for vLLM or SGLang on a GPU).",
 )
 @click.option(
+    "--model-config",
+    type=click.Path(exists=True, dir_okay=False),
+    help="The served model's Hugging Face config.json. With the roofline step model the fit then prices "
+    "decode attention by the KV read and a prompt's attention by its arithmetic, from the model's bytes and "
+    "FLOPs (what small traced batches and whole prompts cannot show); the KV size of a transfer comes from it too.",
+)
+@click.option(
     "--why-missed/--no-why-missed",
     default=None,
     help="The section on why requests missed the SLO; it reads the trace files a second time, span by span."
@@ -124,6 +131,7 @@ def report_command(
     confidence_resamples,
     router,
     step_model,
+    model_config,
     why_missed,
     fmt,
     output,
@@ -158,6 +166,7 @@ def report_command(
             confidence_resamples=confidence_resamples,
             router=router,
             step_model=step_model,
+            model_config=model_config,
             why_missed=why_missed,
         )
         report = build_report(list(traces), options)

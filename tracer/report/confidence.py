@@ -67,6 +67,7 @@ class Decided:
     slo: SLO
     margin: float
     params: EngineParams
+    merge_margin: float | None = None  # decide's: None, the margin
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def bootstrap(
             )
             for layout in layouts
         ]
-        again = decide(current, rerun, decided.margin)
+        again = decide(current, rerun, decided.margin, decided.merge_margin)
         said[again.verdict] = said.get(again.verdict, 0) + 1
         agree += _same(again, decided.decision)
     return Confidence(agree / resamples if resamples else float("nan"), resamples, said)

@@ -52,14 +52,15 @@ def _gain(winner: float, other: float) -> float:
     return winner / other - 1.0
 
 
-def decide(current: Layout, results: list[GoodputResult], margin: float) -> Decision:
-    """The verdict for one window. `results` must include the current layout's own goodput."""
+def decide(current: Layout, results: list[GoodputResult], margin: float, merge_margin: float | None = None) -> Decision:
+    """The verdict for one window. `results` must include the current layout's own goodput. `merge_margin`:
+    what a merge must clear instead of `margin` (more when its steps were never traced: build.py)."""
     if all(r.goodput_per_gpu == 0 for r in results):
         reasons = ["no simulated layout meets both SLOs at the attainment target, even at a trickle of requests"]
         return _keep(current, reasons)
     options = _Options.of(current, results)
     if current.mode == Mode.DISAGGREGATED:
-        return _from_split(current, options, margin)
+        return _from_split(current, options, margin, margin if merge_margin is None else merge_margin)
     return _from_single_pool(current, options, margin)
 
 
@@ -167,15 +168,15 @@ def _from_single_pool(current: Layout, o: _Options, margin: float) -> Decision:
     )
 
 
-def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
-    """Deployed as a split: merge back, rebalance to a better ratio, or keep the split."""
+def _from_split(current: Layout, o: _Options, margin: float, merge_margin: float) -> Decision:
+    """Deployed as a split: merge back (by `merge_margin`), rebalance to a better ratio, or keep the split."""
     best_split, best_single, now = o.best_split, o.best_single, o.now
     assert best_split is not None and best_single is not None
     gain = _gain(best_single.goodput_per_gpu, best_split.goodput_per_gpu)
-    if gain >= margin:
+    if gain >= merge_margin:
         budget = best_single.layout.chunk_budget_tokens or None
         reasons = [
-            f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(margin)})"
+            f"{_fmt(best_single)} beats the best split ({_fmt(best_split)}) by {_pct(gain)} (margin {_pct(merge_margin)})"
         ]
         return Decision(
             Verdict.MERGE,
@@ -203,7 +204,7 @@ def _from_split(current: Layout, o: _Options, margin: float) -> Decision:
         )
     reasons = [
         _short_of("the best ratio", best_split, "the deployed split", now, gain_ratio, margin),
-        _short_of("the best single pool", best_single, "the best split", best_split, gain, margin),
+        _short_of("the best single pool", best_single, "the best split", best_split, gain, merge_margin),
     ]
     return Decision(Verdict.SPLIT, current, ratio=current.ratio, changes_layout=False, reasons=reasons)
 

@@ -17,11 +17,12 @@ prefill of that prefill's length. Everything here is an estimate and the report 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from tracer.report.fit import PrefillFit, StepFit, fit_nonnegative
+from tracer.report.fit import PASS_TERMS, PrefillFit, StepFit, fit_nonnegative, fit_passes
+from tracer.report.model_shape import ModelShape
 from tracer.report.simulate import StepCosts
 from tracer.report.tables import RequestTable
 
@@ -136,9 +137,15 @@ def fit_prefill_iterations(requests: RequestTable) -> PrefillFit | None:
     return PrefillFit(a, b, c, fit.r2, fit.samples)
 
 
-def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) -> StepFit | None:
+def estimate_steps(
+    requests: RequestTable, prefill: PrefillFit | None = None, shape: ModelShape | None = None
+) -> StepFit | None:
     """The step model from request overlap (module docstring). None when too few requests decoded.
-    `prefill` defaults to the fit over merged prefill iterations."""
+    `prefill` defaults to the fit over merged prefill iterations. With the model's `shape` (an accelerator's
+    roofline), the decode-only iterations and the merged prefill iterations are fitted together pass by pass
+    (`fit_passes`) instead."""
+    if shape is not None:
+        return _estimate_passes(requests, shape)
     prefill = prefill or fit_prefill_iterations(requests)
     if prefill is None:
         return None
@@ -174,6 +181,49 @@ def estimate_steps(requests: RequestTable, prefill: PrefillFit | None = None) ->
         seen.decode_only_step_s[use],
         ("base_s", "context_s_per_token", "decode_s_per_request"),
         typical_miss=float(np.mean(np.abs(ratios_log))) if ok.sum() > 2 else None,
+    )
+
+
+def _estimate_passes(requests: RequestTable, shape: ModelShape) -> StepFit | None:
+    """`fit_passes` over each request's decode-only iteration (its time-averaged batch and context) and
+    the merged prefill iterations (their prompts' tokens and attention; the decodes that shared them are not
+    known and count as none, so their part lands in the prefill floor)."""
+    seen = overlap(requests)
+    use = ~np.isnan(seen.decode_only_step_s)
+    prefills = prefill_iterations(requests)
+    if use.sum() < 3 or len(prefills.start_s) < 3:
+        return None
+    none = np.zeros(len(prefills.start_s))
+    decode = np.concatenate([seen.mean_batch[use], none])
+    context = np.concatenate([seen.mean_context_tokens[use], none])
+    tokens = np.concatenate([np.zeros(use.sum()), prefills.tokens])
+    attention = np.concatenate([np.zeros(use.sum()), prefills.attention_tokens2])
+    step_s = np.concatenate([seen.decode_only_step_s[use], prefills.end_s - prefills.start_s])
+    costs, fit, design = fit_passes(decode, context, tokens, attention, step_s, np.ones(len(step_s)), shape)
+    largest = int(np.ceil(np.nanmax(seen.mean_batch[use])))
+    costs = replace(costs, max_batch_seen=largest)
+    predicted = design @ fit.coefficients
+    ok = (predicted > 0) & (step_s > 0)
+    logs = np.log(step_s[ok] / predicted[ok])
+    ratios = [
+        float(np.mean(s)) / seen.decode_only_step_s[i]
+        for i, s in enumerate(seen.stalls_s)
+        if len(s) and use[i] and seen.decode_only_step_s[i] > 0
+    ]
+    return StepFit(
+        costs,
+        "estimated from request spans",
+        fit.r2,
+        fit.samples,
+        float(np.median(ratios)) if ratios else None,
+        len(ratios),
+        0,
+        float(1.4826 * np.median(np.abs(logs - np.median(logs)))) if ok.sum() > 2 else 0.0,
+        design,
+        step_s,
+        PASS_TERMS,
+        max_batch_seen=largest,
+        typical_miss=float(np.mean(np.abs(logs))) if ok.sum() > 2 else None,
     )
 
 
@@ -239,25 +289,36 @@ def chunked_overlap(requests: RequestTable) -> ChunkedOverlap:
     return ChunkedOverlap(iterations, batch, context, decode_s, under, tokens, attention)
 
 
+_SPLIT_ROUNDS = 5  # a pass fit's mixed-step count settles in two or three
+
+
 def _chunked_split(seen: ChunkedOverlap, costs: StepCosts) -> tuple[np.ndarray, np.ndarray]:
     """Per request: its decode-only step (s) and how many of its steps carried chunks (the steps of the
-    time under prefill windows net of the chunk work, at that step length)."""
+    time under prefill windows net of the chunk work, at that step length). With a pass fit's costs
+    (`gemm_knee_tokens`) a mixed step's GEMMs replace the decode step's weights' read instead of adding to
+    it, so each mixed step's work is less by base - per_token x batch: counted and priced in turn."""
     chunk_work = np.clip(
         costs.prefill_s_per_token * seen.prefill_tokens + costs.prefill_s_per_token2 * seen.attention_tokens2,
         0.0,
         seen.decode_s,
     )
-    plain = (seen.decode_s - chunk_work) / np.maximum(seen.iterations, 1)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mixed = np.clip(np.round((seen.under_prefill_s - chunk_work) / plain), 0, seen.iterations)
-    mixed = np.where((seen.under_prefill_s > 0) & (mixed < 1), 1, mixed)
+    saved_per_mixed_s = costs.base_s - costs.prefill_s_per_token * seen.mean_batch if costs.gemm_knee_tokens else 0.0
+    mixed = np.zeros(len(seen.decode_s))
+    for _ in range(_SPLIT_ROUNDS if costs.gemm_knee_tokens else 1):
+        work = np.clip(chunk_work - mixed * saved_per_mixed_s, 0.0, seen.decode_s)
+        plain = (seen.decode_s - work) / np.maximum(seen.iterations, 1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mixed = np.clip(np.round((seen.under_prefill_s - work) / plain), 0, seen.iterations)
+        mixed = np.where((seen.under_prefill_s > 0) & (mixed < 1), 1, mixed)
     return plain, mixed
 
 
-def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
+def estimate_chunked_steps(requests: RequestTable, shape: ModelShape | None = None) -> StepFit | None:
     """The step model of a chunked-prefill engine from request overlap (ChunkedOverlap): per request,
     decode_s / iterations = base + per_context * context + per_request * batch + (b * tokens + c * attention)
-    / iterations, fitted over requests. None when too few requests decoded."""
+    / iterations, fitted over requests. None when too few requests decoded. With the model's `shape` (an
+    accelerator's roofline) the KV read and the attention are tied to the weights' read and the GEMMs as in
+    `fit_passes`: per_context = base x its KV-to-weights ratio, c = b x its attention-to-GEMM ratio."""
     seen = chunked_overlap(requests)
     use = ~np.isnan(seen.decode_s) & ~np.isnan(seen.prefill_tokens) & (seen.iterations > 0)
     if use.sum() < 5:
@@ -273,8 +334,19 @@ def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
         ]
     )
     target = seen.decode_s[use] / per
-    fit = fit_nonnegative(features, target)
-    costs = StepCosts(*(float(x) for x in fit.coefficients))
+    if shape is None:
+        fit = fit_nonnegative(features, target)
+        costs = StepCosts(*(float(x) for x in fit.coefficients))
+    else:
+        kv, attention = shape.kv_read_per_weight_read, shape.attention_per_gemm_token
+        tied = np.column_stack(
+            [features[:, 0] + kv * features[:, 1], features[:, 2], features[:, 3] + attention * features[:, 4]]
+        )
+        fit = fit_nonnegative(tied, target)
+        base, per_request, per_token = (float(x) for x in fit.coefficients)
+        costs = StepCosts(base, base * kv, per_request, per_token, per_token * attention)
+        fit = replace(fit, coefficients=np.array([base, base * kv, per_request, per_token, per_token * attention]))
+        costs = _chunked_passes(seen, use, costs, shape)
     plain, mixed = _chunked_split(seen, costs)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratios = (seen.under_prefill_s / mixed) / plain
@@ -297,6 +369,33 @@ def estimate_chunked_steps(requests: RequestTable) -> StepFit | None:
         ("base_s", "context_s_per_token", "decode_s_per_request", "prefill_s_per_token", "prefill_s_per_token2"),
         typical_miss=float(np.mean(np.abs(logs))) if good.sum() > 2 else None,
     )
+
+
+def _chunked_passes(seen: ChunkedOverlap, use: np.ndarray, tied: StepCosts, shape: ModelShape) -> StepCosts:
+    """`fit_passes`' costs from a chunked engine's request overlap. Per request, `m` of its `n` steps carried
+    a chunk (counted at the `tied` linear costs, `_chunked_split`), each past the GEMMs' knee (a budget of
+    hundreds of tokens), so a mixed step of C chunk tokens beside B decodes costs per_token x (C + B) for its
+    GEMMs where a decode-only step costs base, plus the chunk's attention:
+
+        decode_s / n = base x (1 + kv x context - m / n) + per_token x (T + m x B + att x A) / n
+
+    over its T chunk tokens and A attention, kv and att the model's ratios; the knee is base / per_token. No
+    prefill floor: every mixed step of one budget runs about as many tokens, so a floor per mixed step and
+    the GEMMs' per-token cost cannot be told apart; the floor goes into the per-token cost."""
+    _, mixed = _chunked_split(seen, tied)
+    n, m = seen.iterations[use], mixed[use]
+    kv, att = shape.kv_read_per_weight_read, shape.attention_per_gemm_token
+    design = np.column_stack(
+        [
+            1.0 + kv * seen.mean_context_tokens[use] - m / n,
+            (seen.prefill_tokens[use] + m * seen.mean_batch[use] + att * seen.attention_tokens2[use]) / n,
+        ]
+    )
+    fit = fit_nonnegative(design, seen.decode_s[use] / n)
+    base, per_token = (float(x) for x in fit.coefficients)
+    if per_token <= 0:
+        return tied
+    return StepCosts(base, base * kv, 0.0, per_token, per_token * att, gemm_knee_tokens=base / per_token)
 
 
 def chunk_budget_tokens(requests: RequestTable, costs: StepCosts) -> int | None:

@@ -18,6 +18,7 @@ from functools import cached_property
 
 import numpy as np
 
+from tracer.report.model_shape import ModelShape
 from tracer.report.noise import StepNoise, measure_step_noise, step_kinds
 from tracer.report.simulate import StepCosts
 from tracer.report.tables import RequestTable, StepTable, TransferTable
@@ -142,11 +143,23 @@ class StepFit:
         target = fitted + rng.choice(residuals, len(residuals), p=p)
         refit = self._normal_equations.solve(target)
         costs = replace(self.costs, **dict(zip(self.terms, (float(c) for c in refit))))
+        if costs.gemm_knee_tokens > 0:  # the pass fit's tied costs follow theirs; the knee stays where it was
+            fitted_costs = self.costs
+            return replace(
+                costs,
+                context_s_per_token=costs.base_s * _ratio(fitted_costs.context_s_per_token, fitted_costs.base_s),
+                prefill_s_per_token2=costs.prefill_s_per_token
+                * _ratio(fitted_costs.prefill_s_per_token2, fitted_costs.prefill_s_per_token),
+            )
         if costs.max_batch_seen <= 0:
             return costs
         if costs.roofline_knee_tokens > 0:
             return replace(costs, roofline_knee_tokens=roofline_knee_tokens(costs))
         return replace(costs, decode_s_per_request_beyond=beyond_slope_s(self.design, target, self.weights, costs))
+
+
+def _ratio(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
 
 
 # The slope past the largest batch seen is measured on steps in the top part of the batch range: at least
@@ -244,9 +257,75 @@ def with_roofline(step_fit: StepFit) -> StepFit:
     return replace(step_fit, costs=costs, max_batch_seen=largest)
 
 
-def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
+PASS_TERMS = ("base_s", "prefill_s_per_token", "prefill_floor_s")  # the columns `fit_passes` solves for
+_KNEE_BOUNDS_TOKENS = (8.0, 32768.0)
+_KNEE_ROUNDS = 30  # the knee settles within a few rounds on every trace tried; the bound only stops a cycle
+
+
+def _pass_features(
+    decode: np.ndarray, context: np.ndarray, prefill: np.ndarray, attention: np.ndarray, knee: float, shape: ModelShape
+) -> np.ndarray:
+    """`fit_passes`' columns at one knee: the weights' read with the KV read it implies (1 + context x the
+    model's KV-to-weights ratio), the GEMM tokens past the knee with the attention they imply (pairs x the
+    model's attention-to-GEMM arithmetic), and whether the step ran any prefill (its attention's floor)."""
+    return np.column_stack(
+        [
+            1.0 + shape.kv_read_per_weight_read * context,
+            np.maximum(0.0, decode + prefill - knee) + shape.attention_per_gemm_token * attention,
+            (prefill > 0).astype(float),
+        ]
+    )
+
+
+def fit_passes(
+    decode: np.ndarray,
+    context: np.ndarray,
+    prefill: np.ndarray,
+    attention: np.ndarray,
+    cycle_s: np.ndarray,
+    weights: np.ndarray,
+    shape: ModelShape,
+) -> tuple[StepCosts, LinearFit, np.ndarray]:
+    """An accelerator's step, pass by pass, as its roofline runs it: (costs, fit, design). One row per step:
+    its decode requests, their context tokens (summed), its prefill tokens and their attention (tokens^2),
+    its time and how many steps it stands for.
+
+    A step's GEMMs take the longer of reading the weights (`base_s`) and their arithmetic (a token's worth,
+    `prefill_s_per_token`, per token the step runs: one per decode plus its prefill tokens), so the knee is
+    where the two meet: base over per-token. Decodes read their KV cache at the weights' bandwidth, a
+    prompt's attention runs at the GEMMs' FLOP rate (both ratios from the model's config), and a step with
+    any prefill pays its attention kernels' floor. Three costs are fitted; the knee is found by fitting at
+    a knee, moving it to where the fitted costs meet, and fitting again until it stays. Each step weighs by
+    its relative miss (`weights` over its time squared), so a 20 ms decode step counts as much as a 2 s
+    prefill: what the SLOs judge is small steps."""
+    decode, context, prefill = (np.asarray(a, dtype=float) for a in (decode, context, prefill))
+    relative = weights / np.maximum(cycle_s, 1e-6) ** 2
+    knee = 256.0
+    for _ in range(_KNEE_ROUNDS):
+        design = _pass_features(decode, context, prefill, attention, knee, shape)
+        fit = fit_nonnegative(design, cycle_s, relative)
+        base, per_token = float(fit.coefficients[0]), float(fit.coefficients[1])
+        moved = float(np.clip(base / per_token, *_KNEE_BOUNDS_TOKENS)) if per_token > 0 else _KNEE_BOUNDS_TOKENS[1]
+        if abs(np.log(moved / knee)) < 0.005:
+            break
+        knee = moved
+    base, per_token, floor = (float(c) for c in fit.coefficients)
+    costs = StepCosts(
+        base_s=base,
+        context_s_per_token=base * shape.kv_read_per_weight_read,
+        decode_s_per_request=0.0,  # a decode costs its token's GEMMs and its KV read: both priced above
+        prefill_s_per_token=per_token,
+        prefill_s_per_token2=per_token * shape.attention_per_gemm_token,
+        gemm_knee_tokens=knee,
+        prefill_floor_s=floor,
+    )
+    return costs, fit, design
+
+
+def fit_steps(steps: StepTable, step_model: str = "linear", shape: ModelShape | None = None) -> StepFit:
     """Fit `StepCosts` to observed iteration cycle times (every pool together: they share the hardware).
-    `step_model`: how a batch past the largest seen is priced (StepCosts: "linear" or "roofline").
+    `step_model`: how a batch past the largest seen is priced (StepCosts: "linear" or "roofline"); a
+    roofline with the model's `shape` known is fitted pass by pass (`fit_passes`).
 
     Each span weighs as many steps as it stands for (`StepTable.weight`): on sampled step spans the fit,
     the interference factor and the noise estimate what every step would give."""
@@ -254,25 +333,35 @@ def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
     # The quadratic term is the chunks' attention over their prompts (tokens^2); a step span without it
     # is taken to hold one whole prompt, whose attention is P^2.
     attention = np.where(np.isnan(steps.prefill_attention_tokens2), p * p, steps.prefill_attention_tokens2)
-    features = np.column_stack(
-        [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, attention]
-    )
     cycle_s = cycle_times_s(steps)
     weights = steps.weight.astype(float)
-    fit = fit_nonnegative(features, cycle_s, weights)
-    costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
     max_batch = int(steps.decode_requests.max()) if len(steps) else 0
-    if max_batch > 0:
-        row_weights = weights if steps.sampled else None
-        beyond = beyond_slope_s(features, cycle_s, row_weights, costs)
-        costs = replace(costs, max_batch_seen=max_batch, decode_s_per_request_beyond=beyond)
+    terms: tuple[str, ...] = _STEP_TERMS
+    if step_model == "roofline" and shape is not None and len(steps):
+        costs, fit, features = fit_passes(
+            steps.decode_requests, steps.context_tokens, p, attention, cycle_s, weights, shape
+        )
+        costs = replace(costs, max_batch_seen=max_batch)
+        terms = PASS_TERMS
+    else:
+        features = np.column_stack(
+            [np.ones(len(steps)), steps.context_tokens.astype(float), steps.decode_requests.astype(float), p, attention]
+        )
+        fit = fit_nonnegative(features, cycle_s, weights)
+        costs = StepCosts(**dict(zip(_STEP_TERMS, (float(c) for c in fit.coefficients))))
+        if max_batch > 0:
+            row_weights = weights if steps.sampled else None
+            beyond = beyond_slope_s(features, cycle_s, row_weights, costs)
+            costs = replace(costs, max_batch_seen=max_batch, decode_s_per_request_beyond=beyond)
     mixed = (steps.prefill_tokens > 0) & (steps.decode_requests > 0)
     factor = None
     if mixed.any():
+        batch = steps.decode_requests[mixed].astype(float)
         decode_part = (
             costs.base_s
             + costs.context_s_per_token * steps.context_tokens[mixed]
-            + costs.decode_s_per_request * steps.decode_requests[mixed]
+            + costs.decode_s_per_request * batch
+            + costs.prefill_s_per_token * np.maximum(0.0, batch - costs.gemm_knee_tokens) * (costs.gemm_knee_tokens > 0)
         )
         factor = float(np.average(cycle_s[mixed] / np.maximum(decode_part, 1e-9), weights=weights[mixed]))
     predicted = features @ np.asarray(fit.coefficients, dtype=float)
@@ -295,14 +384,14 @@ def fit_steps(steps: StepTable, step_model: str = "linear") -> StepFit:
         noise_sigma,
         features,
         cycle_s,
-        _STEP_TERMS,
+        terms,
         weights if steps.sampled else None,
         max_batch,
         int(steps.context_tokens.max()) if len(steps) else 0,
         typical_miss,
         noise,
     )
-    return with_roofline(fitted) if step_model == "roofline" else fitted
+    return with_roofline(fitted) if step_model == "roofline" and shape is None else fitted
 
 
 @dataclass(frozen=True)

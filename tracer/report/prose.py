@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # build imports this module; these are its types, for annotat
     from tracer.report.confidence import Confidence
     from tracer.report.decide import Decision
     from tracer.report.fit import PrefillFit, StepFit, TransferFit
+    from tracer.report.model_shape import ModelShape
     from tracer.report.simulate import Layout
 
 
@@ -59,7 +60,13 @@ def extrapolation_lines(step_fit: StepFit, windows: list[WindowResult]) -> list[
     c = step_fit.costs
     if batch > step_fit.max_batch_seen and c.max_batch_seen > 0:
         past = f"decode batches up to {batch} simulated, past the largest fitted ({step_fit.max_batch_seen}): "
-        if c.roofline_knee_tokens > 0:
+        if c.gemm_knee_tokens > 0:
+            lines.append(
+                past + "priced pass by pass as an accelerator runs them (--step-model roofline): each request past it "
+                f"adds its KV read, and its GEMMs once the step runs more than {c.gemm_knee_tokens:.0f} tokens (the "
+                f"fitted knee), {c.prefill_s_per_token * 1e6:.3g} us a token as every token past it; EXTRAPOLATED"
+            )
+        elif c.roofline_knee_tokens > 0:
             lines.append(
                 past + f"priced as an accelerator runs them (--step-model roofline): each request past it adds its KV "
                 f"read only, until the step runs {c.roofline_knee_tokens:.0f} tokens (the knee: {c.base_s * 1e3:.3g} "
@@ -155,12 +162,7 @@ def evidence_lines(
             f"measured: {measured.requests} requests at {measured.rate_per_s:.3g} req/s, SLO attainment {measured.attainment:.1%}, "
             f"TTFT p90 {measured.ttft_s.get('p90', float('nan')):.3g} s, per-request ITL p90 {measured.itl_s.get('p90', float('nan')):.3g} s"
         )
-    c = step_fit.costs
-    lines.append(
-        f"step fit ({step_fit.source}, {step_fit.samples} samples, R^2 {step_fit.r2:.3f}): {c.base_s * 1e3:.3g} ms + "
-        f"{c.context_s_per_token * 1e6:.3g} us/context token + {c.decode_s_per_request * 1e3:.3g} ms/request + "
-        f"{c.prefill_s_per_token * 1e6:.3g} us/prefill token + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
-    )
+    lines.append(step_fit_line(step_fit))
     if step_fit.interference_factor is not None:
         lines.append(
             f"interference: steps with prefill tokens take {step_fit.interference_factor:.2f}x a decode-only step at equal batch "
@@ -329,6 +331,24 @@ def frontend_line(frontend_s: float) -> str:
     return f"front-end overhead (TTFT not spent in queue, prefill or transfer; median): {frontend_s * 1e3:.1f} ms per request"
 
 
+def step_fit_line(step_fit: StepFit) -> str:
+    c = step_fit.costs
+    head = (
+        f"step fit ({step_fit.source}, {step_fit.samples} samples, R^2 {step_fit.r2:.3f}): {c.base_s * 1e3:.3g} ms + "
+    )
+    if c.gemm_knee_tokens > 0:
+        return head + (
+            f"{c.context_s_per_token * 1e6:.3g} us/context token + {c.decode_s_per_request * 1e3:.3g} ms/request + "
+            f"{c.prefill_s_per_token * 1e6:.3g} us per token past the first {c.gemm_knee_tokens:.0f} a step runs "
+            f"(decodes and prefill: the GEMMs' knee, --step-model roofline) + {c.prefill_floor_s * 1e3:.3g} ms per step "
+            f"with prefill + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
+        )
+    return head + (
+        f"{c.context_s_per_token * 1e6:.3g} us/context token + {c.decode_s_per_request * 1e3:.3g} ms/request + "
+        f"{c.prefill_s_per_token * 1e6:.3g} us/prefill token + {c.prefill_s_per_token2 * 1e9:.3g} ns/prefill token^2"
+    )
+
+
 def auto_step_model_line(model: str) -> str:
     if model == "roofline":
         return (
@@ -338,6 +358,22 @@ def auto_step_model_line(model: str) -> str:
     return (
         "step model: linear, from the traces (host-timed spans: no sign of an accelerator); --step-model "
         "roofline if a GPU ran them (an engine's adapted spans are always host-timed)"
+    )
+
+
+def roofline_shape_line(shape: ModelShape | None) -> str:
+    if shape is None:
+        return (
+            "roofline without the model's config: decode attention and a prompt's attention are priced as the "
+            "traced steps' slopes show them, which small batches and whole prompts overstate; --model-config "
+            "(the model's config.json) prices them by its bytes and arithmetic"
+        )
+    return (
+        f"roofline from the model's config ({shape.weight_bytes / 1e9:.3g} GB of weights, "
+        f"{shape.kv_bytes_per_token / 1024:.4g} KiB of KV a token): a context token's KV read costs "
+        f"{shape.kv_read_per_weight_read:.3g} of a step's weights' read (one bandwidth), an attention pair "
+        f"{shape.attention_per_gemm_token:.3g} of a token's GEMMs (one FLOP rate: attention kernels often run "
+        "slower, so chunks deep in long prompts may cost more than priced)"
     )
 
 

@@ -78,12 +78,19 @@ class StepCosts:
     max_batch_seen: float = 0.0  # requests (a count; a float so every field takes a fitted coefficient)
     decode_s_per_request_beyond: float = 0.0
     roofline_knee_tokens: float = 0.0  # 0: the linear extrapolation above
+    # > 0: the accelerator's form, pass by pass (`fit.fit_passes`: the roofline with the model's config): the GEMMs of
+    # every token the step runs (one per decode plus its prefill tokens) cost nothing beyond `base_s` up to
+    # this many tokens (the weights' read bounds them) and `prefill_s_per_token` each past it; a step that
+    # runs any prefill adds `prefill_floor_s` (its attention kernels' launch). Batches then need no
+    # extrapolation rule: a decode past the knee costs a token's GEMMs, as any token does.
+    gemm_knee_tokens: float = 0.0
+    prefill_floor_s: float = 0.0
 
     @property
     def beyond_extra_s(self) -> float:
         """Seconds each request past `max_batch_seen` adds over the fitted slope (0: no knee; the roofline
         takes the fitted slope back: -decode_s_per_request)."""
-        if self.max_batch_seen <= 0:
+        if self.max_batch_seen <= 0 or self.gemm_knee_tokens > 0:
             return 0.0
         if self.roofline_knee_tokens > 0:
             return -self.decode_s_per_request
@@ -105,6 +112,15 @@ class StepCosts:
     ) -> float:
         """Seconds; `prefill_attention_tokens2` defaults to one prompt's whole prefill (P^2)."""
         attention = prefill_tokens * prefill_tokens if prefill_attention_tokens2 is None else prefill_attention_tokens2
+        if self.gemm_knee_tokens > 0:
+            return (
+                self.base_s
+                + self.context_s_per_token * context_tokens
+                + self.decode_s_per_request * decode_requests
+                + self.prefill_s_per_token * max(0.0, decode_requests + prefill_tokens - self.gemm_knee_tokens)
+                + (self.prefill_floor_s if prefill_tokens > 0 else 0.0)
+                + self.prefill_s_per_token2 * attention
+            )
         return (
             self.beyond_extra_s * max(0.0, decode_requests - self.max_batch_seen)
             + self.prefill_s_per_token * max(0.0, decode_requests - self.roofline_from_batch)
@@ -113,12 +129,6 @@ class StepCosts:
             + self.decode_s_per_request * decode_requests
             + self.prefill_s_per_token * prefill_tokens
             + self.prefill_s_per_token2 * attention
-        )
-
-    def chunk_s(self, offset_tokens: int, chunk_tokens: int) -> float:
-        """The prefill part of one chunk of `chunk_tokens` at `offset_tokens` in its prompt (seconds)."""
-        return self.prefill_s_per_token * chunk_tokens + self.prefill_s_per_token2 * (
-            (offset_tokens + chunk_tokens) ** 2 - offset_tokens**2
         )
 
     def decode_part_s(self, decode_requests: int, context_tokens: int) -> float:
@@ -463,6 +473,8 @@ class _Worker:
         pre_b, pre_c = step.prefill_s_per_token, step.prefill_s_per_token2
         knee, extra, roof = step.max_batch_seen, step.beyond_extra_s, step.roofline_from_batch
         priced_past_knee = extra != 0 or roof != float("inf")  # else a step past the knee costs as fitted
+        gemm_knee, prefill_floor = step.gemm_knee_tokens, step.prefill_floor_s
+        decode_gemm = 1 if gemm_knee > 0 else 0  # an accelerator's passes: a decode runs a GEMM token too
         while pending or self.waiting or decode_n or joining:
             if not (self.waiting or decode_n or joining) and pending[0][0] > t:
                 if pending[0][0] >= until_s:
@@ -485,7 +497,16 @@ class _Worker:
                     break
                 t = max(t, pending[0][0])  # nothing runnable until the next arrival
                 continue
-            duration = base + ctx_c * context_sum + req_c * decode_n + pre_b * prefill_tokens + pre_c * attention
+            # StepCosts.step_s inline; linear costs have no GEMM knee, no decode GEMM tokens and no floor.
+            gemm_tokens = max(0, decode_gemm * decode_n + prefill_tokens - gemm_knee)
+            duration = (
+                base
+                + ctx_c * context_sum
+                + req_c * decode_n
+                + pre_b * gemm_tokens
+                + pre_c * attention
+                + prefill_floor * (prefill_tokens > 0)
+            )
             if priced_past_knee and decode_n > knee:
                 duration += extra * (decode_n - knee)
                 if decode_n > roof:
