@@ -327,6 +327,9 @@ class _Findings:
     evidence: list[str] = field(default_factory=list)
     assumptions: list[str] = field(default_factory=list)
 
+    missing: list[str] = field(default_factory=list)  # why no decision can be made at all
+    engine_metrics: EngineMetrics | None = None  # --metrics-file
+
     @property
     def merge_margin(self) -> float:
         """What a merge must win by: `UNSEEN_MIX_MARGINS` margins when no traced step ran prefill beside
@@ -335,9 +338,6 @@ class _Findings:
         steps = self.data.steps
         mixed_seen = bool(np.any((steps.prefill_tokens > 0) & (steps.decode_requests > 0)))
         return self.options.margin * (1.0 if mixed_seen else UNSEEN_MIX_MARGINS)
-
-    missing: list[str] = field(default_factory=list)  # why no decision can be made at all
-    engine_metrics: EngineMetrics | None = None  # --metrics-file
 
     def report(self, verdict: str, reasons: Sequence[str] = (), **fields: Any) -> Report:
         """The Report: these findings plus the decision's own fields (keywords of Report)."""
@@ -840,7 +840,7 @@ def _transfer_costs(options: ReportOptions, fit: TransferFit | None, assumptions
         assumptions.append(prose.kv_bytes_line(per_token, assumed=False))
     elif options.model_shape is not None:
         per_token = options.model_shape.kv_bytes_per_token
-        assumptions.append(prose.kv_bytes_line(per_token, assumed=False))
+        assumptions.append(prose.kv_bytes_line(per_token, assumed=False, source="the model's config"))
     elif fit is not None:
         per_token = fit.kv_bytes_per_token
     else:

@@ -263,10 +263,10 @@ def estimated_gaps_line(estimated: int, requests: int, chunked: bool) -> str:
     )
 
 
-def kv_bytes_line(per_token: float, assumed: bool) -> str:
+def kv_bytes_line(per_token: float, assumed: bool, source: str = "--kv-bytes-per-token") -> str:
     if assumed:
         return f"KV bytes per token = {per_token:.0f} (assumed: Llama-3-8B bf16; no transfer observed, no --kv-bytes-per-token)"
-    return f"KV bytes per token = {per_token:.0f} (--kv-bytes-per-token)"
+    return f"KV bytes per token = {per_token:.0f} ({source})"
 
 
 def link_line(gbps: float, assumed: bool) -> str:
