@@ -46,3 +46,16 @@ def test_a_column_never_seen_stays_at_zero():
     solved = NormalEquations(design, None).solve(target)
     assert solved[3] == solved[4] == 0.0
     assert solved[:3] == pytest.approx([0.02, 1e-7, 1e-3], rel=1e-6)
+
+
+def test_collinear_columns_give_the_fit_least_squares_gives_not_an_error():
+    # Every prompt 64 tokens long (bench/verdict_ab.py's chat shape): a step's attention is 64 x its prefill
+    # tokens, the two columns are one, and the Gram matrix is singular.
+    rng = np.random.default_rng(6)
+    design = _steps(5_000, rng)
+    design[:, 3] = 64.0 * (rng.random(len(design)) < 0.1)  # one 64-token prompt in a tenth of the steps
+    design[:, 4] = design[:, 3] ** 2
+    target = design @ [0.02, 1e-7, 1e-3, 5e-5, 1e-9] * rng.lognormal(0, 0.05, len(design))
+    expected = fit_nonnegative(design, target)
+    solved = NormalEquations(design, None).solve(target)
+    assert design @ solved == pytest.approx(design @ expected.coefficients, rel=1e-6)

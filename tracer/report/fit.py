@@ -89,7 +89,9 @@ class NormalEquations:
         coefficients = _dropping_negatives(
             list(self._active),
             len(self._scale),
-            lambda columns: np.linalg.solve(self._gram[np.ix_(columns, columns)], moment[columns]),
+            # lstsq, not solve: collinear columns (every prompt one length: tokens and tokens^2 are one
+            # column) make the Gram matrix singular, and least squares then takes the least-norm solution.
+            lambda columns: np.linalg.lstsq(self._gram[np.ix_(columns, columns)], moment[columns], rcond=None)[0],
         )
         return coefficients / self._scale
 
