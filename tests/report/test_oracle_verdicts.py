@@ -12,40 +12,19 @@ it counts the gaps over the SLO from vLLM's own histogram and says so.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.oracle.cases import CASES, HELD_TEXT, gpu_cases
+from tests.oracle.cases import CASES, HELD_TEXT
 from tests.oracle.metrics_capture import write_vllm_metrics
 from tests.oracle.observe import Observed
 from tests.oracle.through_sidecar import write_via_sidecars
 from tests.report.conftest import oracle_options
+from tests.report.oracle_checks import MARGIN, SEEDS, assert_matches_the_truth, table
 from tracer.report.build import Report, build_report
 from tracer.vocabulary import ATTR_ITL_JOINED_TOKENS, Mode, Verdict
-
-MARGIN = 0.15
-SEEDS = (1, 2, 3)
-# The oracle's winner must clear (or miss) the margin by this much for a case to be a fair test; a case
-# that drifts into a near-tie fails here, loudly, rather than making the verdict a coin toss.
-CLEAR_OF_MARGIN = 0.05
-
-
-def _table(seen: Observed, report: Report) -> str:
-    rows = {name: f"{goodput:.3g}" for name, (_, goodput) in seen.table.items()}
-    return f"oracle {rows}; report {{{', '.join(f'{o.label}: {o.goodput_per_gpu:.3g}' for o in report.goodput)}}}"
-
-
-def _assert_matches_the_truth(seen: Observed, report: Report) -> None:
-    truth = seen.expected
-    assert abs(truth.gain - MARGIN) >= CLEAR_OF_MARGIN, f"case is a near-tie under the oracle: {truth}"
-    assert report.verdict == truth.verdict, (_table(seen, report), report.evidence)
-    if truth.verdict in (Verdict.SPLIT, Verdict.REBALANCE):
-        assert abs(int(report.ratio.split(":")[0]) - truth.best.prefill_workers) <= 1, _table(seen, report)
-    if truth.verdict == Verdict.ENABLE_CHUNKED_PREFILL:
-        assert abs(math.log2(report.chunk_budget_tokens / truth.best.budget_tokens)) <= 1, _table(seen, report)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -53,54 +32,8 @@ def _assert_matches_the_truth(seen: Observed, report: Report) -> None:
 def test_full_traces_reach_the_oracles_verdict(oracle_traces, name, seed):
     seen, full, _ = oracle_traces(name, seed, MARGIN)
     report = build_report([full], oracle_options(seen))
-    _assert_matches_the_truth(seen, report)
+    assert_matches_the_truth(seen, report)
     assert report.fits["step"]["source"] == "step spans"
-
-
-# GPU-shaped costs (an H200 serving Qwen3-32B with vLLM, priced from aiconfigurator's kernel tables), from
-# our full traces and from stock vLLM's spans through sidecars (step costs estimated): the operator says the
-# hardware is an accelerator (--step-model roofline), and the report must name the oracle's very layout,
-# not one within a worker or a power of two of it.
-@pytest.mark.parametrize("seed", SEEDS[:2])  # two seeds: a GPU case's truth costs several seconds of one core
-@pytest.mark.parametrize("name", list(gpu_cases()))
-@pytest.mark.parametrize("shape", ["full traces", "vLLM spans"])
-def test_gpu_shaped_costs_reach_the_oracles_exact_layout(oracle_traces, name, seed, shape):
-    seen, full, vllm_shaped = oracle_traces(name, seed, MARGIN)
-    report = build_report([full if shape == "full traces" else vllm_shaped], oracle_options(seen))
-    _assert_matches_the_truth(seen, report)
-    truth = seen.expected.best
-    if truth == seen.case.current and truth.kind == "chunked" and shape == "vLLM spans":
-        # Deployed chunked and best as it is: the report keeps it, its budget as inferred from vLLM's spans.
-        assert report.recommended == report.current, _table(seen, report)
-        assert report.chunk_budget_tokens == pytest.approx(truth.budget_tokens, rel=0.05), _table(seen, report)
-    else:
-        assert (report.ratio, report.chunk_budget_tokens) == (
-            f"{truth.prefill_workers}:{truth.decode_workers}" if truth.kind == "split" else None,
-            truth.budget_tokens or None,
-        ), _table(seen, report)
-    assert any(line.startswith("roofline from the model's config") for line in report.assumptions), report.assumptions
-
-
-def test_the_step_model_follows_the_traces_timing_source_when_not_told(oracle_traces):
-    # Our tracer on a GPU times stages by CUDA events; `--step-model auto` (the default) then prices steps as
-    # an accelerator's and reaches the oracle's very layout, as the operator's "roofline" does. Host-timed
-    # traces (the CPU-shaped cases) stay linear.
-    seen, full, _ = oracle_traces("gpu-chats", SEEDS[0], MARGIN)
-    report = build_report([full], oracle_options(seen, step_model="auto"))
-    told = build_report([full], oracle_options(seen))
-    assert (report.verdict, report.ratio, report.chunk_budget_tokens) == (
-        told.verdict,
-        told.ratio,
-        told.chunk_budget_tokens,
-    )
-    _assert_matches_the_truth(seen, report)
-    assert report.fits["step"] == told.fits["step"]
-    assert any(line.startswith("step model: roofline, from the traces") for line in report.assumptions)
-    host_seen, host_full, _ = oracle_traces("short-chats", SEEDS[0], MARGIN)
-    host = build_report([host_full], oracle_options(host_seen, step_model="auto"))
-    assert any(line.startswith("step model: linear, from the traces") for line in host.assumptions)
-    assert host.fits["step"]["roofline_knee_tokens"] is None
-    _assert_matches_the_truth(host_seen, host)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -108,7 +41,7 @@ def test_the_step_model_follows_the_traces_timing_source_when_not_told(oracle_tr
 def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_traces, name, seed):
     seen, _, vllm_shaped = oracle_traces(name, seed, MARGIN)
     report = build_report([vllm_shaped], oracle_options(seen))
-    _assert_matches_the_truth(seen, report)
+    assert_matches_the_truth(seen, report)
     # Every estimated quantity is listed: the step model and the per-request gaps.
     assert report.fits["step"]["source"] == "estimated from request spans"
     assert any("step costs and interference are ESTIMATED" in line for line in report.assumptions), report.assumptions
@@ -125,8 +58,8 @@ def test_vllm_shaped_spans_reach_the_oracles_verdict_and_attainment(oracle_trace
 def test_text_the_front_end_holds_back_is_priced_into_every_layout(oracle_traces, seed, tmp_path):
     seen, full, _ = oracle_traces(HELD_TEXT.name, seed, MARGIN)
     report = build_report([full], oracle_options(seen))
-    _assert_matches_the_truth(seen, report)
-    assert report.chunk_budget_tokens == seen.expected.best.budget_tokens == 64, _table(seen, report)
+    assert_matches_the_truth(seen, report)
+    assert report.chunk_budget_tokens == seen.expected.best.budget_tokens == 64, table(seen, report)
     requests = [r for r in seen.run.requests if r.output_tokens > 1]
     held_share = sum(r.joined_tokens for r in requests) / sum(r.output_tokens - 1 for r in requests)
     assert report.fits["stream"]["joined_token_share"] == pytest.approx(held_share, abs=1e-9)
@@ -136,7 +69,7 @@ def test_text_the_front_end_holds_back_is_priced_into_every_layout(oracle_traces
     blind = tmp_path / "no-joined-count.jsonl"
     blind.write_text(full.read_text().replace(f'"{ATTR_ITL_JOINED_TOKENS}"', '"unused.attribute"'))
     unaware = build_report([blind], oracle_options(seen))
-    assert unaware.verdict == Verdict.INSUFFICIENT_DATA, _table(seen, unaware)
+    assert unaware.verdict == Verdict.INSUFFICIENT_DATA, table(seen, unaware)
 
 
 def _oracle_gap_stats(seen: Observed, stat: str) -> np.ndarray:
@@ -172,7 +105,7 @@ def _with_metrics(seen: Observed, traces: Path, capture: Path) -> Report:
 def test_the_engines_metrics_keep_attainment_where_the_estimate_is_right(oracle_traces, tmp_path):
     seen, _, vllm_shaped = oracle_traces("medium-max-gap", SEEDS[0], MARGIN)
     report = _with_metrics(seen, vllm_shaped, tmp_path / "metrics.txt")
-    _assert_matches_the_truth(seen, report)
+    assert_matches_the_truth(seen, report)
     assert report.measured.attainment == pytest.approx(_attainment(seen), abs=0.05)
 
 
