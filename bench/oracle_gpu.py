@@ -4,7 +4,7 @@ the oracle's truth table and verdict, then the report's verdict and goodput tabl
 the oracle's traced run, and the report's step fit. Prints; asserts nothing. Runs the suite's GPU cases
 (tests/oracle/cases.py `gpu_cases`) on more seeds than the suite does.
 
-    .venv/bin/python -m bench.oracle_gpu [--seeds 1 2 3] [--cases gpu-chats ...]
+    .venv/bin/python -m bench.oracle_gpu [--seeds 1 2 3] [--cases gpu-chats ...] [--confidence 20]
 
 About half a minute per case and seed on one core.
 """
@@ -29,6 +29,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--cases", nargs="+", default=list(gpu_cases()))
+    parser.add_argument("--confidence", type=int, default=0, help="bootstrap re-runs behind each verdict (0: none)")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="oracle-gpu-"))
     for name in args.cases:
@@ -37,13 +38,14 @@ def main() -> None:
             seen = observe(name, seed, MARGIN)
             path = folder / f"{name}-{seed}.jsonl"
             write_full(path, seen.run, seed)
-            report = build_report([path], oracle_options(seen))
+            report = build_report([path], oracle_options(seen, confidence_resamples=args.confidence))
             truth = seen.expected
             target = report.ratio or report.chunk_budget_tokens or ""
             print(f"{name} seed {seed} ({time.monotonic() - started:.0f} s)")
             print(f"  oracle: {truth.verdict} ({truth.best.name}, gain {truth.gain:+.0%})  "
                   + ", ".join(f"{k} {g:.3g}" for k, (_, g) in seen.table.items()))  # fmt: skip
-            print(f"  report: {report.verdict} {target}  "
+            sure = f" (confidence {report.confidence:.0%})" if report.confidence is not None else ""
+            print(f"  report: {report.verdict} {target}{sure}  "
                   + ", ".join(f"{o.label} {o.goodput_per_gpu:.3g}" for o in report.goodput))  # fmt: skip
             for line in report.evidence:
                 if line.startswith("step fit"):
