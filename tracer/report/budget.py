@@ -21,16 +21,11 @@ BUDGET_NEIGHBOURS = (-2, -1, 0, 1)
 def worst_chunk_step_s(
     step: StepCosts, budget_tokens: int, prompt_tokens: int, decode_requests: int, context_tokens: int
 ) -> float:
-    """Seconds of the slowest step prompts of up to `prompt_tokens` put into a chunked schedule at this budget,
-    beside `decode_requests` running decodes: a long prompt's last chunk (the one attending over the most
-    prefix), or, when prompts are shorter than the budget, a step the queue fills with whole prompts up to
-    the budget (what a burst of short prompts does to the decodes beside it)."""
-    room = max(1, budget_tokens - decode_requests)
-    chunk = min(room, prompt_tokens)
+    """Seconds of the slowest step a prompt of `prompt_tokens` puts into a chunked schedule at this budget:
+    its last chunk (the one attending over the most prefix) beside `decode_requests` running decodes."""
+    chunk = max(1, min(budget_tokens - decode_requests, prompt_tokens))
     offset = max(0, prompt_tokens - chunk)
-    last_chunk_s = step.step_s(decode_requests, context_tokens, chunk, (offset + chunk) ** 2 - offset**2)
-    full_step_s = step.step_s(decode_requests, context_tokens, room, room * chunk)  # room/chunk prompts, chunk^2 each
-    return max(last_chunk_s, full_step_s)
+    return step.step_s(decode_requests, context_tokens, chunk, (offset + chunk) ** 2 - offset**2)
 
 
 def itl_bound_budget_tokens(
