@@ -125,6 +125,15 @@ def overlap(requests: RequestTable) -> Overlap:
     return Overlap(iterations, batch, context, decode_only, stalls)
 
 
+def _stall_ratios(seen: Overlap, use: np.ndarray) -> list[float]:
+    """Interference per request: a mixed iteration (a prefill's span it waited for) over its decode-only one."""
+    return [
+        float(np.mean(s)) / seen.decode_only_step_s[i]
+        for i, s in enumerate(seen.stalls_s)
+        if len(s) and use[i] and seen.decode_only_step_s[i] > 0
+    ]
+
+
 def fit_prefill_iterations(requests: RequestTable) -> PrefillFit | None:
     """prefill iteration s = a + b * tokens + c * attention over the merged prefill iterations (the prefill
     terms of the step model; `a` also holds the decode part of those iterations and is not used)."""
@@ -158,11 +167,7 @@ def estimate_steps(
     base, per_context, per_request = (float(x) for x in fit.coefficients)
     costs = StepCosts(base, per_context, per_request, prefill.b_s_per_token, prefill.c_s_per_token2)
     # Interference: a mixed iteration (a prefill's span) over the decode-only iteration of those waiting.
-    ratios = [
-        float(np.mean(s)) / seen.decode_only_step_s[i]
-        for i, s in enumerate(seen.stalls_s)
-        if len(s) and use[i] and seen.decode_only_step_s[i] > 0
-    ]
+    ratios = _stall_ratios(seen, use)
     factor = float(np.median(ratios)) if ratios else None
     predicted = features @ fit.coefficients
     ok = (predicted > 0) & (seen.decode_only_step_s[use] > 0)
@@ -205,11 +210,7 @@ def _estimate_passes(requests: RequestTable, shape: ModelShape) -> StepFit | Non
     predicted = design @ fit.coefficients
     ok = (predicted > 0) & (step_s > 0)
     logs = np.log(step_s[ok] / predicted[ok])
-    ratios = [
-        float(np.mean(s)) / seen.decode_only_step_s[i]
-        for i, s in enumerate(seen.stalls_s)
-        if len(s) and use[i] and seen.decode_only_step_s[i] > 0
-    ]
+    ratios = _stall_ratios(seen, use)
     return StepFit(
         costs,
         "estimated from request spans",
